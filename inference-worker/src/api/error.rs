@@ -1,0 +1,126 @@
+//! The internal API error and its OpenAI envelope
+//! (`{"error": {"message", "type", "param", "code"}}`).
+
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use crate::engine::SubmitError;
+use crate::generate::GenerateError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed or asks for something we cannot honour.
+    #[error("{message}")]
+    BadRequest { message: String, param: Option<&'static str> },
+    #[error("the model {0:?} is not served here")]
+    UnknownModel(String),
+    #[error("prompt is too long: {prompt} tokens, but this server's context is {ctx} tokens (prompt plus completion)")]
+    ContextLength { prompt: usize, ctx: usize },
+    #[error("request body is larger than the {limit}-byte limit")]
+    TooLarge { limit: usize },
+    #[error("{0}")]
+    Busy(String),
+    #[error("no route for {0}")]
+    NotFound(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    error: Body<'a>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    message: String,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    pub fn bad(message: impl Into<String>, param: &'static str) -> ApiError {
+        ApiError::BadRequest { message: message.into(), param: Some(param) }
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str, Option<&'static str>, Option<&'static str>) {
+        match self {
+            ApiError::BadRequest { param, .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", *param, None),
+            ApiError::UnknownModel(_) => {
+                (StatusCode::NOT_FOUND, "invalid_request_error", Some("model"), Some("model_not_found"))
+            }
+            ApiError::ContextLength { .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("messages"),
+                Some("context_length_exceeded"),
+            ),
+            ApiError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", None, None),
+            ApiError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_overloaded", None, Some("busy")),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", None, Some("not_found")),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, None),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, kind, param, code) = self.parts();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        } else {
+            tracing::info!(error = %self, status = status.as_u16(), "request refused");
+        }
+        let body = Envelope { error: Body { message: self.to_string(), kind, param, code } };
+        let mut resp = (status, Json(body)).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(r: BytesRejection) -> ApiError {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge { limit: super::MAX_BODY_BYTES }
+        } else {
+            ApiError::BadRequest { message: format!("cannot read request body: {r}"), param: None }
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> ApiError {
+        match e {
+            SubmitError::Busy(_) => ApiError::Busy(e.to_string()),
+            SubmitError::Stopped => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<GenerateError> for ApiError {
+    fn from(e: GenerateError) -> ApiError {
+        match e {
+            GenerateError::PromptTooLong { prompt, ctx } => ApiError::ContextLength { prompt, ctx },
+            GenerateError::EmptyPrompt => ApiError::bad("the prompt is empty", "messages"),
+            GenerateError::Model(m) => ApiError::Internal(m.to_string()),
+        }
+    }
+}
+
+/// Parse a JSON body into `T`, with serde's message (line, column, field)
+/// in the error.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest { message: format!("invalid JSON body: {e}"), param: None })
+}
+
+pub async fn not_found(uri: Uri) -> ApiError {
+    ApiError::NotFound(uri.path().to_string())
+}

@@ -1,0 +1,91 @@
+//! `ds4-server`: serve a model over the OpenAI-compatible HTTP API.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use ds4_inference_worker::api::{router, AppState};
+use ds4_inference_worker::cli::{init_logging, ModelArgs};
+use ds4_inference_worker::engine;
+use ds4_inference_worker::runtime::LoadedModel;
+use ds4_kernels::CpuBackend;
+
+/// Serve a GGUF model over HTTP: POST /v1/chat/completions, GET /v1/models,
+/// GET /health.
+///
+/// Example: ds4-server -m ./ds4.gguf --port 8000, then
+/// curl http://127.0.0.1:8000/v1/chat/completions -H 'content-type: application/json'
+///   -d '{"messages":[{"role":"user","content":"Hi"}]}'
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Cli {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, env = "DS4_HOST", default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on.
+    #[arg(long, env = "DS4_PORT", default_value_t = 8000)]
+    port: u16,
+    /// Tokens per request (prompt plus completion); default: the model's
+    /// training context, at most 8192.
+    #[arg(long, env = "DS4_CTX")]
+    ctx: Option<usize>,
+    /// Model id reported by /v1/models (default: derived from the file name).
+    #[arg(long, env = "DS4_MODEL_ID")]
+    model_id: Option<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    init_logging("info");
+    let cli = Cli::parse();
+    cli.model.init_threads();
+    let addr: SocketAddr = format!("{}:{}", cli.host, cli.port)
+        .parse()
+        .with_context(|| format!("invalid listen address {}:{}", cli.host, cli.port))?;
+    let lm = LoadedModel::open(&cli.model.model, CpuBackend::new(), cli.model_id.clone())?;
+    let info = lm.model.info().clone();
+    let ctx = cli.ctx.unwrap_or(info.n_ctx_train.min(8192)).max(16);
+    tracing::info!(
+        model = %lm.path.display(),
+        model_id = %lm.model_id,
+        family = info.family.name(),
+        layers = info.n_layer,
+        vocab = info.n_vocab,
+        ctx,
+        backend = "cpu",
+        threads = rayon::current_num_threads(),
+        load_s = format!("{:.2}", lm.load_seconds),
+        "model loaded"
+    );
+    let prompter = lm.prompter.clone();
+    let model_id = lm.model_id.clone();
+    let handle = engine::spawn(lm, ctx);
+    let state = Arc::new(AppState::new(handle, prompter, model_id, ctx));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let listener =
+            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        tracing::info!(%addr, "listening; try: curl http://{addr}/v1/models");
+        axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+        tracing::info!("shut down");
+        anyhow::Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("signal received, finishing in-flight requests");
+}

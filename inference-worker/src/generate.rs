@@ -1,0 +1,169 @@
+//! One generation: prefill (reusing the sequence's cached prefix), then
+//! decode token by token until a stop token, a stop string, the token
+//! limit or the context ends it.
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use ds4_kernels::Backend;
+use ds4_model::tokenizer::StreamDecoder;
+use ds4_model::{Logits, ModelError, Sequence};
+
+use crate::runtime::LoadedModel;
+use crate::sampler::{Sampler, SamplingParams};
+use crate::stop::{StopEvent, StopMatcher};
+
+/// Prompt tokens evaluated per forward call during prefill.
+pub const PREFILL_CHUNK: usize = 512;
+
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token or stop string.
+    Stop,
+    /// `max_tokens` or the context ran out.
+    Length,
+    /// The caller asked to stop (client gone).
+    Cancelled,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Timings {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose state was already cached.
+    pub cached_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+}
+
+impl Timings {
+    /// Time to first token: the prefill plus sampling of the first token.
+    pub fn ttft_ms(&self) -> f64 {
+        self.prefill_ms
+    }
+
+    pub fn prefill_tps(&self) -> f64 {
+        rate(self.prompt_tokens - self.cached_tokens, self.prefill_ms)
+    }
+
+    pub fn decode_tps(&self) -> f64 {
+        rate(self.generated_tokens.saturating_sub(1), self.decode_ms)
+    }
+}
+
+fn rate(tokens: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        tokens as f64 * 1000.0 / ms
+    } else {
+        0.0
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish: FinishReason,
+    pub timings: Timings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("prompt of {prompt} tokens does not fit the {ctx}-token context (at least one token must be generated)")]
+    PromptTooLong { prompt: usize, ctx: usize },
+    #[error("empty prompt")]
+    EmptyPrompt,
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// Run one generation on `seq`. The longest common prefix of the
+/// sequence's tokens and the prompt is reused; the rest is recomputed.
+/// `on_text` receives text as it becomes final; returning `Break` cancels.
+pub fn generate<B: Backend>(
+    lm: &LoadedModel<B>,
+    seq: &mut Sequence<B>,
+    req: &GenerateRequest,
+    on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+) -> Result<Generation, GenerateError> {
+    let prompt = &req.prompt;
+    if prompt.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    if prompt.len() >= seq.ctx() {
+        return Err(GenerateError::PromptTooLong { prompt: prompt.len(), ctx: seq.ctx() });
+    }
+    let be = &lm.backend;
+    let t0 = Instant::now();
+    // Keep the shared prefix, but always recompute the last prompt token:
+    // its logits are what the first generated token is sampled from.
+    let shared = seq.tokens().iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    let reuse = shared.min(prompt.len() - 1);
+    seq.truncate(be, reuse);
+    let mut logits = Vec::new();
+    for chunk in prompt[reuse..].chunks(PREFILL_CHUNK) {
+        logits = lm.model.forward(be, seq, chunk, Logits::Last)?;
+    }
+    let mut timings = Timings { prompt_tokens: prompt.len(), cached_tokens: reuse, ..Default::default() };
+
+    let mut sampler = Sampler::new(req.sampling.clone());
+    let mut stops = StopMatcher::new(req.stop.clone());
+    let mut decoder = StreamDecoder::new(&lm.prompter.tokenizer);
+    let stop_tokens = lm.prompter.tokenizer.stop_tokens();
+    let mut out = Generation { tokens: Vec::new(), text: String::new(), finish: FinishReason::Length, timings: Timings::default() };
+    let mut t_decode = None;
+    loop {
+        let token = sampler.sample(&logits);
+        if t_decode.is_none() {
+            timings.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+            t_decode = Some(Instant::now());
+        }
+        if stop_tokens.contains(&token) {
+            out.finish = FinishReason::Stop;
+            break;
+        }
+        out.tokens.push(token);
+        let piece = decoder.push(token);
+        match stops.push(&piece) {
+            StopEvent::Text(t) => {
+                out.text.push_str(&t);
+                if !t.is_empty() && on_text(&t).is_break() {
+                    out.finish = FinishReason::Cancelled;
+                    break;
+                }
+            }
+            StopEvent::Stopped { text, .. } => {
+                out.text.push_str(&text);
+                if !text.is_empty() {
+                    let _ = on_text(&text);
+                }
+                out.finish = FinishReason::Stop;
+                break;
+            }
+        }
+        if out.tokens.len() >= req.max_tokens || seq.tokens().len() + 1 >= seq.ctx() {
+            out.finish = FinishReason::Length;
+            break;
+        }
+        logits = lm.model.forward(be, seq, &[token], Logits::Last)?;
+    }
+    if out.finish != FinishReason::Stop {
+        let rest = decoder.finish() + &stops.finish();
+        if !rest.is_empty() {
+            out.text.push_str(&rest);
+            let _ = on_text(&rest);
+        }
+    }
+    timings.generated_tokens = out.tokens.len() + usize::from(out.finish == FinishReason::Stop);
+    timings.decode_ms = t_decode.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+    out.timings = timings;
+    Ok(out)
+}

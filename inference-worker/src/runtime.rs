@@ -1,0 +1,115 @@
+//! A model ready to serve: the mapped GGUF, its family model bound to a
+//! backend, its tokenizer and its chat template.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ds4_kernels::Backend;
+use ds4_model::gguf::GgufFile;
+use ds4_model::prompt::{ChatMessage, ChatTemplate};
+use ds4_model::tokenizer::Tokenizer;
+use ds4_model::{Model, ModelError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot open model {path}: {source}\nhint: run ./scripts/fetch-model.sh for the default model, or pass -m PATH")]
+    Open { path: PathBuf, source: ds4_model::gguf::GgufError },
+    #[error("model {path}: {source}")]
+    Model { path: PathBuf, source: ModelError },
+    #[error("model {path}: tokenizer: {source}")]
+    Tokenizer { path: PathBuf, source: ds4_model::tokenizer::TokenizerError },
+    #[error("model {path}: chat template: {source}")]
+    Template { path: PathBuf, source: ds4_model::prompt::PromptError },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    #[error("the model has no chat template; use raw prompts")]
+    NoTemplate,
+    #[error("chat template: {0}")]
+    Template(#[from] ds4_model::prompt::PromptError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] ds4_model::tokenizer::TokenizerError),
+}
+
+/// Prompt rendering and tokenization, shareable with request handlers.
+#[derive(Clone)]
+pub struct Prompter {
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<Arc<ChatTemplate>>,
+}
+
+impl Prompter {
+    /// Render a conversation with the chat template (generation prompt
+    /// appended) and tokenize it, special tokens recognised.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<(String, Vec<u32>), PromptError> {
+        let template = self.template.as_ref().ok_or(PromptError::NoTemplate)?;
+        let text = template.render(messages, true)?;
+        let ids = self.tokenizer.encode(&text, true)?;
+        Ok((text, ids))
+    }
+
+    /// Tokenize a raw prompt (no template); special tokens are recognised.
+    pub fn raw_prompt(&self, text: &str) -> Result<Vec<u32>, PromptError> {
+        Ok(self.tokenizer.encode(text, true)?)
+    }
+}
+
+pub struct LoadedModel<B: Backend> {
+    pub backend: B,
+    pub model: Model<B>,
+    pub prompter: Prompter,
+    /// The id clients see in `/v1/models` and responses.
+    pub model_id: String,
+    pub path: PathBuf,
+    /// Seconds spent opening, validating and binding.
+    pub load_seconds: f64,
+}
+
+impl<B: Backend> LoadedModel<B> {
+    pub fn open(path: &Path, backend: B, model_id: Option<String>) -> Result<LoadedModel<B>, LoadError> {
+        let t0 = Instant::now();
+        let file = GgufFile::open(path).map_err(|source| LoadError::Open { path: path.into(), source })?;
+        let model = Model::load(&file, &backend).map_err(|source| LoadError::Model { path: path.into(), source })?;
+        let tokenizer = Tokenizer::from_gguf(file.metadata())
+            .map_err(|source| LoadError::Tokenizer { path: path.into(), source })?;
+        let template = ChatTemplate::from_gguf(file.metadata())
+            .map_err(|source| LoadError::Template { path: path.into(), source })?;
+        let model_id = model_id.unwrap_or_else(|| model_id_from_path(path));
+        let prompter = Prompter { tokenizer: Arc::new(tokenizer), template: template.map(Arc::new) };
+        Ok(LoadedModel {
+            backend,
+            model,
+            prompter,
+            model_id,
+            path: path.to_path_buf(),
+            load_seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// The model id derived from a file name: the resolved file's stem
+/// (`./ds4.gguf -> SmolLM2-135M-Instruct.Q4_1`).
+pub fn model_id_from_path(path: &Path) -> String {
+    let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let stem = resolved.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+    // Split models: drop the -00001-of-0000N suffix.
+    match stem.rsplit_once("-of-") {
+        Some((head, tail)) if tail.len() == 5 && tail.bytes().all(|b| b.is_ascii_digit()) => {
+            head.rsplit_once('-').map_or(stem, |(h, _)| h).to_string()
+        }
+        _ => stem.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_id_strips_extension_and_split_suffix() {
+        assert_eq!(model_id_from_path(Path::new("/nope/Foo.Q4_1.gguf")), "Foo.Q4_1");
+        assert_eq!(model_id_from_path(Path::new("/nope/big-00001-of-00003.gguf")), "big");
+    }
+}

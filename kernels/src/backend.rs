@@ -1,0 +1,163 @@
+//! The op interface (`Backend`) that every family forward pass is written
+//! against. The CPU implementation ([`crate::cpu`]) is the reference; other
+//! backends are tested against it op by op.
+//!
+//! Shapes: activations are row-major `[rows, cols]` f32 matrices, one row
+//! per token. Weights keep their GGUF layout: a matrix of shape
+//! `[n_out, n_in]` (ggml `ne = [n_in, n_out]`) with each row of `n_in`
+//! values stored as quant blocks.
+
+use std::sync::Arc;
+
+use crate::quant::GgmlType;
+
+/// Bytes of a weight that live in host memory (a memory-mapped file, a
+/// shared-memory region, or an owned buffer), shared without copying.
+#[derive(Clone)]
+pub struct HostBytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    start: usize,
+    len: usize,
+}
+
+impl HostBytes {
+    /// A view of `owner[start..start + len]`; `None` when out of range.
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, start: usize, len: usize) -> Option<HostBytes> {
+        let end = start.checked_add(len)?;
+        ((*owner).as_ref().len() >= end).then_some(HostBytes { owner, start, len })
+    }
+
+    /// Owned bytes (tests, small derived tensors).
+    pub fn from_vec(v: Vec<u8>) -> HostBytes {
+        let len = v.len();
+        HostBytes { owner: Arc::new(v), start: 0, len }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.start..self.start + self.len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for HostBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostBytes({} bytes at {})", self.len, self.start)
+    }
+}
+
+/// A weight as the model file stores it, to be bound by a backend.
+#[derive(Clone, Debug)]
+pub struct WeightSource {
+    pub name: String,
+    pub ggml_type: GgmlType,
+    /// `[n_out, n_in]` for matrices (rows first), `[n]` for vectors.
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: HostBytes,
+}
+
+/// Rotary position embedding variants.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeMode {
+    /// Rotate adjacent pairs `(x[2i], x[2i+1])` (ggml "normal"; llama GGUFs).
+    Normal,
+    /// Rotate `(x[i], x[i + d/2])` (ggml "neox"; qwen2, gpt-neox).
+    Neox,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub mode: RopeMode,
+    /// Number of dimensions of each head that are rotated (<= head_dim).
+    pub n_rot: usize,
+    pub freq_base: f32,
+    /// Linear position scaling: positions are multiplied by this.
+    pub freq_scale: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionConfig {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("weight {name:?}: {problem}")]
+    BadWeight { name: String, problem: String },
+    #[error("KV cache full: position {pos} is past the context of {ctx} tokens")]
+    ContextFull { pos: usize, ctx: usize },
+    #[error("shape mismatch in {op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+}
+
+/// The operations a family forward pass may use.
+pub trait Backend: Send + Sync {
+    /// An activation matrix `[rows, cols]` f32, resident where the backend computes.
+    type Tensor: Send;
+    /// A bound weight.
+    type Weight: Send + Sync;
+    /// Attention state of one sequence (all layers).
+    type KvCache: Send;
+
+    fn name(&self) -> &'static str;
+
+    /// Bind a weight (may keep a reference to the host bytes, or upload them).
+    fn bind_weight(&self, src: WeightSource) -> Result<Self::Weight, BackendError>;
+
+    /// A zeroed `[rows, cols]` tensor.
+    fn tensor(&self, rows: usize, cols: usize) -> Self::Tensor;
+    /// A tensor holding `data` (`rows * cols` values).
+    fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> Self::Tensor;
+    /// Copy a tensor back to host memory, row-major.
+    fn to_host(&self, x: &Self::Tensor) -> Vec<f32>;
+    /// `(rows, cols)` of a tensor.
+    fn dims(&self, x: &Self::Tensor) -> (usize, usize);
+    /// Copy row `row` of `src` into row `dst_row` of `dst`.
+    fn copy_row(&self, src: &Self::Tensor, row: usize, dst: &mut Self::Tensor, dst_row: usize);
+
+    /// A KV cache for `n_layer` layers of `kv_dim` values per token for keys
+    /// and for values, holding at most `ctx` tokens.
+    fn kv_cache(&self, n_layer: usize, kv_dim: usize, ctx: usize) -> Self::KvCache;
+    /// Forget every cached position from `len` on (keeps the prefix).
+    fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize);
+    /// Number of positions the cache holds.
+    fn kv_len(&self, cache: &Self::KvCache) -> usize;
+
+    /// `out[i] = table[ids[i]]` (rows of an embedding matrix, dequantized).
+    fn embed(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Tensor) -> Result<(), BackendError>;
+    /// Row-wise RMSNorm: `out = x / sqrt(mean(x^2) + eps) * w`.
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Weight, eps: f32, out: &mut Self::Tensor);
+    /// `out[r] = W · x[r]` for every row `r` (W is `[n_out, n_in]`).
+    fn matmul(&self, w: &Self::Weight, x: &Self::Tensor, out: &mut Self::Tensor) -> Result<(), BackendError>;
+    /// Rotate each head of every row in place; row `r` is at `positions[r]`.
+    fn rope(&self, x: &mut Self::Tensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig);
+    /// Append `k`, `v` rows at `positions` to layer `layer` of `cache`, then
+    /// causal attention of the `q` rows over the cache into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        positions: &[u32],
+        cfg: &AttentionConfig,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+    /// `out = silu(gate) * up`, element-wise.
+    fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor, out: &mut Self::Tensor);
+    /// `x += y`, element-wise.
+    fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor);
+}

@@ -1,0 +1,63 @@
+//! Element-wise and row-wise CPU ops: embedding gather, RMSNorm, SwiGLU,
+//! residual add.
+
+use rayon::prelude::*;
+
+use super::{CpuTensor, CpuWeight};
+use crate::backend::BackendError;
+use crate::quant;
+
+/// Rows at or above this count are processed in parallel.
+const PAR_ROWS: usize = 4;
+
+pub fn embed(table: &CpuWeight, ids: &[u32], out: &mut CpuTensor) -> Result<(), BackendError> {
+    if out.rows != ids.len() || out.cols != table.cols {
+        return Err(BackendError::Shape {
+            op: "embed",
+            detail: format!("{} ids into [{}, {}], table width {}", ids.len(), out.rows, out.cols, table.cols),
+        });
+    }
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.rows) {
+        return Err(BackendError::Shape {
+            op: "embed",
+            detail: format!("token id {bad} is outside the vocabulary of {} tokens", table.rows),
+        });
+    }
+    for (dst, &id) in out.data.chunks_mut(table.cols).zip(ids) {
+        quant::dequantize_row(table.ggml_type, table.row(id as usize), dst)
+            .map_err(|e| BackendError::BadWeight { name: table.name.clone(), problem: e.to_string() })?;
+    }
+    Ok(())
+}
+
+pub fn rms_norm(x: &CpuTensor, w: &[f32], eps: f32, out: &mut CpuTensor) {
+    assert_eq!((x.rows, x.cols), (out.rows, out.cols), "rms_norm: shapes");
+    assert_eq!(w.len(), x.cols, "rms_norm: weight length");
+    let f = |(src, dst): (&[f32], &mut [f32])| {
+        let sum: f64 = src.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let scale = (1.0 / (sum / src.len() as f64 + f64::from(eps)).sqrt()) as f32;
+        for ((d, &s), &g) in dst.iter_mut().zip(src).zip(w) {
+            *d = s * scale * g;
+        }
+    };
+    if x.rows >= PAR_ROWS {
+        x.data.par_chunks(x.cols).zip(out.data.par_chunks_mut(x.cols)).for_each(f);
+    } else {
+        x.data.chunks(x.cols).zip(out.data.chunks_mut(x.cols)).for_each(f);
+    }
+}
+
+pub fn swiglu(gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) {
+    assert_eq!(gate.data.len(), up.data.len(), "swiglu: shapes");
+    assert_eq!(gate.data.len(), out.data.len(), "swiglu: shapes");
+    for ((o, &g), &u) in out.data.iter_mut().zip(&gate.data).zip(&up.data) {
+        *o = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
+pub fn add_assign(x: &mut CpuTensor, y: &CpuTensor) {
+    assert_eq!(x.data.len(), y.data.len(), "add_assign: shapes");
+    for (a, &b) in x.data.iter_mut().zip(&y.data) {
+        *a += b;
+    }
+}

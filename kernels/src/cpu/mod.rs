@@ -1,0 +1,182 @@
+//! The CPU reference backend: every op of [`crate::backend::Backend`] in
+//! plain Rust, multi-threaded with rayon over the machine's cores.
+//!
+//! Correctness and clarity first: this backend is the oracle the CUDA
+//! backend is tested against. Quantized matmuls follow ggml's CPU path
+//! (activations quantized to the weight type's `vec_dot_type`, integer dot
+//! products per block) so that logits match llama.cpp closely.
+
+mod attention;
+mod elementwise;
+mod matmul;
+mod rope;
+pub mod sampling;
+
+use crate::backend::{AttentionConfig, Backend, BackendError, HostBytes, RopeConfig, WeightSource};
+use crate::quant::{self, GgmlType};
+
+pub use attention::CpuKvCache;
+
+/// Row-major `[rows, cols]` activations in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuTensor {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl CpuTensor {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// A weight bound in place: quantized rows straight from the mapped file.
+#[derive(Clone, Debug)]
+pub struct CpuWeight {
+    pub name: String,
+    pub ggml_type: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+    bytes: HostBytes,
+    /// Dequantized copy of one-row weights (norm scales), used element-wise.
+    dense: Option<Vec<f32>>,
+}
+
+impl CpuWeight {
+    /// The quantized bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.bytes.as_slice()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    fn dense(&self) -> &[f32] {
+        self.dense.as_deref().expect("element-wise weight is one row and bound dense")
+    }
+}
+
+/// The CPU backend. Threads come from rayon's global pool (one per core by
+/// default; `RAYON_NUM_THREADS` overrides).
+#[derive(Clone, Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> CpuBackend {
+        CpuBackend
+    }
+
+    /// Threads the backend computes with.
+    pub fn threads(&self) -> usize {
+        rayon::current_num_threads()
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+    type KvCache = CpuKvCache;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn bind_weight(&self, src: WeightSource) -> Result<CpuWeight, BackendError> {
+        let bad = |problem: String| BackendError::BadWeight { name: src.name.clone(), problem };
+        let row_bytes = src.ggml_type.row_bytes(src.cols).ok_or_else(|| {
+            bad(format!("row of {} values is not whole {} blocks", src.cols, src.ggml_type.name()))
+        })?;
+        let want = row_bytes.checked_mul(src.rows).ok_or_else(|| bad("size overflows".into()))?;
+        if want != src.bytes.len() {
+            return Err(bad(format!("expected {want} bytes for {}x{}, got {}", src.rows, src.cols, src.bytes.len())));
+        }
+        let dense = if src.rows == 1 {
+            let mut v = vec![0.0; src.cols];
+            quant::dequantize_row(src.ggml_type, src.bytes.as_slice(), &mut v).map_err(|e| bad(e.to_string()))?;
+            Some(v)
+        } else {
+            None
+        };
+        Ok(CpuWeight {
+            name: src.name,
+            ggml_type: src.ggml_type,
+            rows: src.rows,
+            cols: src.cols,
+            row_bytes,
+            bytes: src.bytes,
+            dense,
+        })
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
+        CpuTensor { rows, cols, data: vec![0.0; rows * cols] }
+    }
+
+    fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> CpuTensor {
+        assert_eq!(data.len(), rows * cols, "tensor_from: data length");
+        CpuTensor { rows, cols, data: data.to_vec() }
+    }
+
+    fn to_host(&self, x: &CpuTensor) -> Vec<f32> {
+        x.data.clone()
+    }
+
+    fn dims(&self, x: &CpuTensor) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn copy_row(&self, src: &CpuTensor, row: usize, dst: &mut CpuTensor, dst_row: usize) {
+        assert_eq!(src.cols, dst.cols, "copy_row: column count");
+        let c = src.cols;
+        dst.data[dst_row * c..(dst_row + 1) * c].copy_from_slice(src.row(row));
+    }
+
+    fn kv_cache(&self, n_layer: usize, kv_dim: usize, ctx: usize) -> CpuKvCache {
+        CpuKvCache::new(n_layer, kv_dim, ctx)
+    }
+
+    fn kv_truncate(&self, cache: &mut CpuKvCache, len: usize) {
+        cache.truncate(len);
+    }
+
+    fn kv_len(&self, cache: &CpuKvCache) -> usize {
+        cache.len()
+    }
+
+    fn embed(&self, table: &CpuWeight, ids: &[u32], out: &mut CpuTensor) -> Result<(), BackendError> {
+        elementwise::embed(table, ids, out)
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuWeight, eps: f32, out: &mut CpuTensor) {
+        elementwise::rms_norm(x, w.dense(), eps, out);
+    }
+
+    fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), BackendError> {
+        matmul::matmul(w, x, out)
+    }
+
+    fn rope(&self, x: &mut CpuTensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig) {
+        rope::rope(x, positions, head_dim, cfg);
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        positions: &[u32],
+        cfg: &AttentionConfig,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        attention::attention(q, k, v, cache, layer, positions, cfg, out)
+    }
+
+    fn swiglu(&self, gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) {
+        elementwise::swiglu(gate, up, out);
+    }
+
+    fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) {
+        elementwise::add_assign(x, y);
+    }
+}

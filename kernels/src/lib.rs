@@ -1,0 +1,15 @@
+//! Compute primitives of ds4.
+//!
+//! - [`quant`]: ggml quant block formats (dequantization, activation
+//!   quantization, quantized dot products).
+//! - [`backend`]: the op interface every family forward pass is written
+//!   against, and [`cpu`]: its reference implementation.
+//!
+//! This crate knows nothing of models, tokenizers or HTTP.
+
+pub mod backend;
+pub mod cpu;
+pub mod quant;
+
+pub use backend::{AttentionConfig, Backend, BackendError, HostBytes, RopeConfig, RopeMode, WeightSource};
+pub use cpu::CpuBackend;

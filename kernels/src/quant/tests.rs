@@ -1,0 +1,149 @@
+//! Unit tests of the quant internals, and a micro-benchmark of the dots.
+//!
+//! The golden-vector and property tests of the public API live in
+//! `kernels/tests/quant_golden.rs`.
+
+use super::*;
+
+/// Deterministic pseudo-random floats in [-scale, scale).
+fn floats(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let mut q = vec![0u8; ty.row_bytes(x.len()).expect("whole blocks")];
+    quantize_row(ty, x, &mut q).expect("quantizable");
+    q
+}
+
+#[test]
+fn q3_k_scales_unpack_like_ggml() {
+    // ggml unpacks through four u32 words; check the closed form against
+    // that word-level formulation on every byte pattern of one position.
+    for seed in 0..64u64 {
+        let raw: Vec<u8> = floats(seed, 12, 1.0)
+            .iter()
+            .map(|v| (v.to_bits() >> 7) as u8)
+            .collect();
+        let mut aux = [0u32; 3];
+        for (a, c) in aux.iter_mut().zip(raw.chunks_exact(4)) {
+            *a = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        let (k1, k2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+        let tmp = aux[2];
+        let words = [
+            (aux[0] & k2) | ((tmp & k1) << 4),
+            (aux[1] & k2) | (((tmp >> 2) & k1) << 4),
+            ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4),
+            ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4),
+        ];
+        let expected: Vec<i32> = words
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .map(|b| b as i8 as i32 - 32)
+            .collect();
+        assert_eq!(k_quants::q3k_scales(&raw).to_vec(), expected);
+    }
+}
+
+#[test]
+fn zero_rows_dot_to_zero() {
+    for ty in GgmlType::ALL {
+        let n = ty.block_size().max(32) * 2;
+        let w = vec![0u8; ty.row_bytes(n).unwrap()];
+        let a = quantized(ty.vec_dot_type(), &floats(1, n, 1.0));
+        assert_eq!(vec_dot(ty, n, &w, &a), 0.0, "{ty}");
+        assert_eq!(vec_dot_scalar(ty, n, &w, &a), 0.0, "{ty}");
+    }
+}
+
+#[test]
+fn vec_dot_reads_only_n_elements() {
+    // Slices longer than `n` elements: debug builds reject the mismatch,
+    // release builds compute on the first `n` elements only.
+    let n = 64;
+    let x = floats(2, 2 * n, 1.0);
+    let w = quantized(GgmlType::Q4_1, &x);
+    let a = quantized(GgmlType::Q8_1, &x);
+    let wb = GgmlType::Q4_1.row_bytes(n).unwrap();
+    let ab = GgmlType::Q8_1.row_bytes(n).unwrap();
+    let want = vec_dot(GgmlType::Q4_1, n, &w[..wb], &a[..ab]);
+    let got = std::panic::catch_unwind(|| vec_dot(GgmlType::Q4_1, n, &w, &a));
+    if cfg!(debug_assertions) {
+        assert!(got.is_err());
+    } else {
+        assert_eq!(got.ok(), Some(want));
+    }
+}
+
+/// Micro-benchmark, not a test: ns per row dot and weight-bytes throughput,
+/// SIMD vs scalar. Run with
+/// `cargo test -p ds4-kernels --release --lib -- --ignored --nocapture bench_vec_dot`.
+#[test]
+#[ignore = "benchmark; run explicitly with --ignored --nocapture"]
+fn bench_vec_dot() {
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    println!("dot isa: {:?}", dot_isa());
+    for (ty, n) in [
+        (GgmlType::Q4_1, 576),
+        (GgmlType::Q4_1, 1536),
+        (GgmlType::Q8_0, 576),
+        (GgmlType::Q8_0, 1536),
+        (GgmlType::Q4_0, 1536),
+        (GgmlType::Q5_0, 1536),
+        (GgmlType::Q4_K, 1536),
+        (GgmlType::Q6_K, 1536),
+    ] {
+        // 512 rows: 160 KiB to 540 KiB of weights, resident in L2 like a
+        // layer's matrix slice in a decode step.
+        let rows = 512;
+        let w: Vec<Vec<u8>> = (0..rows)
+            .map(|r| match ty {
+                GgmlType::Q4_K | GgmlType::Q6_K => {
+                    let mut b = vec![0u8; ty.row_bytes(n).unwrap()];
+                    for (i, v) in b.iter_mut().enumerate() {
+                        *v = (i * 131 + r * 7) as u8;
+                    }
+                    b
+                }
+                _ => quantized(ty, &floats(r as u64, n, 1.0)),
+            })
+            .collect();
+        let a = quantized(ty.vec_dot_type(), &floats(999, n, 1.0));
+        let row_bytes = ty.row_bytes(n).unwrap() as f64;
+        let mut line = format!("{:5} n={n:5}", ty.name());
+        for (name, f) in [
+            ("simd", vec_dot as fn(GgmlType, usize, &[u8], &[u8]) -> f32),
+            ("scalar", vec_dot_scalar),
+        ] {
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let reps = 40;
+                let t = Instant::now();
+                let mut acc = 0f32;
+                for _ in 0..reps {
+                    for row in &w {
+                        acc += f(ty, n, black_box(row), black_box(&a));
+                    }
+                }
+                black_box(acc);
+                best = best.min(t.elapsed().as_nanos() as f64 / (reps * rows) as f64);
+            }
+            line += &format!(
+                "  {name}: {best:7.1} ns/row {:6.2} GB/s",
+                row_bytes / best
+            );
+        }
+        println!("{line}");
+    }
+}

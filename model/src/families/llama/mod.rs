@@ -1,0 +1,57 @@
+//! The `llama` family: decoder-only transformer with RMSNorm, rotary
+//! embeddings (ggml "normal" pair layout, as llama GGUFs are converted),
+//! grouped-query attention and a SwiGLU feed-forward (LLaMA,
+//! arXiv:2302.13971). Covers SmolLM2, the embedded default model.
+//!
+//! Checked against llama.cpp (`src/models/llama.cpp`) on
+//! SmolLM2-135M-Instruct: prompt tokens, top-5 logits and the greedy
+//! continuation (see `model/tests/llama_parity.rs`).
+//!
+//! Files in forward-pass order: [`hparams`] (keys and the tensor
+//! contract), [`weights`] (binder), [`forward`].
+
+mod forward;
+pub mod hparams;
+mod weights;
+
+use ds4_kernels::Backend;
+
+use super::{Logits, ModelError};
+use crate::gguf::GgufFile;
+pub use hparams::{LlamaHParams, REQUIRED_KEYS};
+use weights::LlamaWeights;
+
+/// A bound llama model.
+pub struct LlamaModel<B: Backend> {
+    hparams: LlamaHParams,
+    weights: LlamaWeights<B>,
+}
+
+impl<B: Backend> LlamaModel<B> {
+    pub fn load(file: &GgufFile, backend: &B) -> Result<LlamaModel<B>, ModelError> {
+        let hparams = LlamaHParams::from_file(file)?;
+        hparams::check_tensors(file, &hparams)?;
+        let weights = LlamaWeights::bind(file, &hparams, backend)?;
+        Ok(LlamaModel { hparams, weights })
+    }
+
+    pub fn hparams(&self) -> &LlamaHParams {
+        &self.hparams
+    }
+
+    pub fn kv_cache(&self, backend: &B, ctx: usize) -> B::KvCache {
+        let h = &self.hparams;
+        backend.kv_cache(h.n_layer, h.n_head_kv * h.head_dim, ctx)
+    }
+
+    pub fn forward(
+        &self,
+        backend: &B,
+        cache: &mut B::KvCache,
+        tokens: &[u32],
+        positions: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        forward::forward(&self.hparams, &self.weights, backend, cache, tokens, positions, want)
+    }
+}

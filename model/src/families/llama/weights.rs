@@ -1,0 +1,63 @@
+//! Binding a llama GGUF's tensors to a backend.
+
+use ds4_kernels::Backend;
+
+use super::LlamaHParams;
+use crate::families::{weight_source, ModelError};
+use crate::gguf::GgufFile;
+
+pub struct LayerWeights<B: Backend> {
+    pub attn_norm: B::Weight,
+    pub wq: B::Weight,
+    pub wk: B::Weight,
+    pub wv: B::Weight,
+    pub wo: B::Weight,
+    pub ffn_norm: B::Weight,
+    pub w_gate: B::Weight,
+    pub w_up: B::Weight,
+    pub w_down: B::Weight,
+}
+
+pub struct LlamaWeights<B: Backend> {
+    pub token_embd: B::Weight,
+    pub layers: Vec<LayerWeights<B>>,
+    pub output_norm: B::Weight,
+    /// `None` when tied to `token_embd`.
+    pub output: Option<B::Weight>,
+}
+
+impl<B: Backend> LlamaWeights<B> {
+    pub fn output(&self) -> &B::Weight {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+
+    /// Bind every tensor (the inventory has been checked already).
+    pub fn bind(file: &GgufFile, h: &LlamaHParams, backend: &B) -> Result<LlamaWeights<B>, ModelError> {
+        let bind = |name: &str| -> Result<B::Weight, ModelError> {
+            let t = file.tensor(name).ok_or_else(|| ModelError::MissingTensor { family: "llama", name: name.into() })?;
+            Ok(backend.bind_weight(weight_source(file, t))?)
+        };
+        let layers = (0..h.n_layer)
+            .map(|i| {
+                let b = |s: &str| bind(&format!("blk.{i}.{s}.weight"));
+                Ok(LayerWeights {
+                    attn_norm: b("attn_norm")?,
+                    wq: b("attn_q")?,
+                    wk: b("attn_k")?,
+                    wv: b("attn_v")?,
+                    wo: b("attn_output")?,
+                    ffn_norm: b("ffn_norm")?,
+                    w_gate: b("ffn_gate")?,
+                    w_up: b("ffn_up")?,
+                    w_down: b("ffn_down")?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(LlamaWeights {
+            token_embd: bind("token_embd.weight")?,
+            layers,
+            output_norm: bind("output_norm.weight")?,
+            output: if h.tied_embeddings { None } else { Some(bind("output.weight")?) },
+        })
+    }
+}

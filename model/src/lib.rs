@@ -1,0 +1,10 @@
+//! What a model is in ds4: the GGUF reader, family contracts with their
+//! forward passes, the tokenizer and prompt rendering. Knows nothing of
+//! HTTP or processes.
+
+pub mod gguf;
+pub mod families;
+pub mod prompt;
+pub mod tokenizer;
+
+pub use families::{Family, Logits, Model, ModelError, ModelInfo, Sequence};
