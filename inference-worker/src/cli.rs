@@ -8,7 +8,12 @@ use clap::Args;
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
     /// Model file (GGUF; for a split model, the first shard).
-    #[arg(short = 'm', long = "model", env = "DS4_MODEL", default_value = "./ds4.gguf")]
+    #[arg(
+        short = 'm',
+        long = "model",
+        env = "DS4_MODEL",
+        default_value = "./ds4.gguf"
+    )]
     pub model: PathBuf,
     /// CPU threads for compute (default: one per core).
     #[arg(short = 't', long, env = "DS4_THREADS")]
@@ -20,7 +25,9 @@ impl ModelArgs {
     pub fn init_threads(&self) {
         if let Some(n) = self.threads.filter(|&n| n > 0) {
             // Fails only if the pool was already built; then the default stands.
-            let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build_global();
         }
     }
 }
@@ -29,5 +36,8 @@ impl ModelArgs {
 pub fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }

@@ -99,26 +99,43 @@ pub fn generate<B: Backend>(
         return Err(GenerateError::EmptyPrompt);
     }
     if prompt.len() >= seq.ctx() {
-        return Err(GenerateError::PromptTooLong { prompt: prompt.len(), ctx: seq.ctx() });
+        return Err(GenerateError::PromptTooLong {
+            prompt: prompt.len(),
+            ctx: seq.ctx(),
+        });
     }
     let be = &lm.backend;
     let t0 = Instant::now();
     // Keep the shared prefix, but always recompute the last prompt token:
     // its logits are what the first generated token is sampled from.
-    let shared = seq.tokens().iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    let shared = seq
+        .tokens()
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count();
     let reuse = shared.min(prompt.len() - 1);
     seq.truncate(be, reuse);
     let mut logits = Vec::new();
     for chunk in prompt[reuse..].chunks(PREFILL_CHUNK) {
         logits = lm.model.forward(be, seq, chunk, Logits::Last)?;
     }
-    let mut timings = Timings { prompt_tokens: prompt.len(), cached_tokens: reuse, ..Default::default() };
+    let mut timings = Timings {
+        prompt_tokens: prompt.len(),
+        cached_tokens: reuse,
+        ..Default::default()
+    };
 
     let mut sampler = Sampler::new(req.sampling.clone());
     let mut stops = StopMatcher::new(req.stop.clone());
     let mut decoder = StreamDecoder::new(&lm.prompter.tokenizer);
     let stop_tokens = lm.prompter.tokenizer.stop_tokens();
-    let mut out = Generation { tokens: Vec::new(), text: String::new(), finish: FinishReason::Length, timings: Timings::default() };
+    let mut out = Generation {
+        tokens: Vec::new(),
+        text: String::new(),
+        finish: FinishReason::Length,
+        timings: Timings::default(),
+    };
     let mut t_decode = None;
     loop {
         let token = sampler.sample(&logits);

@@ -14,13 +14,22 @@ use ds4_model::{Model, ModelError};
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("cannot open model {path}: {source}\nhint: run ./scripts/fetch-model.sh for the default model, or pass -m PATH")]
-    Open { path: PathBuf, source: ds4_model::gguf::GgufError },
+    Open {
+        path: PathBuf,
+        source: ds4_model::gguf::GgufError,
+    },
     #[error("model {path}: {source}")]
     Model { path: PathBuf, source: ModelError },
     #[error("model {path}: tokenizer: {source}")]
-    Tokenizer { path: PathBuf, source: ds4_model::tokenizer::TokenizerError },
+    Tokenizer {
+        path: PathBuf,
+        source: ds4_model::tokenizer::TokenizerError,
+    },
     #[error("model {path}: chat template: {source}")]
-    Template { path: PathBuf, source: ds4_model::prompt::PromptError },
+    Template {
+        path: PathBuf,
+        source: ds4_model::prompt::PromptError,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,16 +77,35 @@ pub struct LoadedModel<B: Backend> {
 }
 
 impl<B: Backend> LoadedModel<B> {
-    pub fn open(path: &Path, backend: B, model_id: Option<String>) -> Result<LoadedModel<B>, LoadError> {
+    pub fn open(
+        path: &Path,
+        backend: B,
+        model_id: Option<String>,
+    ) -> Result<LoadedModel<B>, LoadError> {
         let t0 = Instant::now();
-        let file = GgufFile::open(path).map_err(|source| LoadError::Open { path: path.into(), source })?;
-        let model = Model::load(&file, &backend).map_err(|source| LoadError::Model { path: path.into(), source })?;
-        let tokenizer = Tokenizer::from_gguf(file.metadata())
-            .map_err(|source| LoadError::Tokenizer { path: path.into(), source })?;
-        let template = ChatTemplate::from_gguf(file.metadata())
-            .map_err(|source| LoadError::Template { path: path.into(), source })?;
+        let file = GgufFile::open(path).map_err(|source| LoadError::Open {
+            path: path.into(),
+            source,
+        })?;
+        let model = Model::load(&file, &backend).map_err(|source| LoadError::Model {
+            path: path.into(),
+            source,
+        })?;
+        let tokenizer =
+            Tokenizer::from_gguf(file.metadata()).map_err(|source| LoadError::Tokenizer {
+                path: path.into(),
+                source,
+            })?;
+        let template =
+            ChatTemplate::from_gguf(file.metadata()).map_err(|source| LoadError::Template {
+                path: path.into(),
+                source,
+            })?;
         let model_id = model_id.unwrap_or_else(|| model_id_from_path(path));
-        let prompter = Prompter { tokenizer: Arc::new(tokenizer), template: template.map(Arc::new) };
+        let prompter = Prompter {
+            tokenizer: Arc::new(tokenizer),
+            template: template.map(Arc::new),
+        };
         Ok(LoadedModel {
             backend,
             model,
@@ -93,7 +121,10 @@ impl<B: Backend> LoadedModel<B> {
 /// (`./ds4.gguf -> SmolLM2-135M-Instruct.Q4_1`).
 pub fn model_id_from_path(path: &Path) -> String {
     let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let stem = resolved.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+    let stem = resolved
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model");
     // Split models: drop the -00001-of-0000N suffix.
     match stem.rsplit_once("-of-") {
         Some((head, tail)) if tail.len() == 5 && tail.bytes().all(|b| b.is_ascii_digit()) => {
@@ -109,7 +140,13 @@ mod tests {
 
     #[test]
     fn model_id_strips_extension_and_split_suffix() {
-        assert_eq!(model_id_from_path(Path::new("/nope/Foo.Q4_1.gguf")), "Foo.Q4_1");
-        assert_eq!(model_id_from_path(Path::new("/nope/big-00001-of-00003.gguf")), "big");
+        assert_eq!(
+            model_id_from_path(Path::new("/nope/Foo.Q4_1.gguf")),
+            "Foo.Q4_1"
+        );
+        assert_eq!(
+            model_id_from_path(Path::new("/nope/big-00001-of-00003.gguf")),
+            "big"
+        );
     }
 }

@@ -22,13 +22,22 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.05, seed: None }
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.05,
+            seed: None,
+        }
     }
 }
 
 impl SamplingParams {
     pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, ..Default::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -38,7 +47,10 @@ impl SamplingParams {
     /// Reject values no sampler can honour, with a message for the client.
     pub fn validate(&self) -> Result<(), String> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!("temperature must be a finite number >= 0, got {}", self.temperature));
+            return Err(format!(
+                "temperature must be a finite number >= 0, got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -70,11 +82,24 @@ impl Sampler {
         if p.is_greedy() {
             return argmax(logits).unwrap_or(0) as u32;
         }
-        let max = logits.iter().copied().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|v| !v.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
         // log-sum-exp of the untempered distribution.
-        let lse = max + logits.iter().map(|&l| f64::from(l - max).exp()).sum::<f64>().ln() as f32;
+        let lse = max
+            + logits
+                .iter()
+                .map(|&l| f64::from(l - max).exp())
+                .sum::<f64>()
+                .ln() as f32;
         // min-p: p_i >= min_p * p_max  <=>  l_i >= max + ln(min_p).
-        let floor = if p.min_p > 0.0 { max + p.min_p.ln() } else { f32::NEG_INFINITY };
+        let floor = if p.min_p > 0.0 {
+            max + p.min_p.ln()
+        } else {
+            f32::NEG_INFINITY
+        };
         let k = if p.top_k == 0 { logits.len() } else { p.top_k };
         let kept: Vec<(u32, f32)> = logits
             .iter()
@@ -106,7 +131,10 @@ impl Sampler {
             cand.truncate(keep.max(1));
         }
         let t = p.temperature;
-        let weights: Vec<f64> = cand.iter().map(|&(_, l)| f64::from((l - max) / t).exp()).collect();
+        let weights: Vec<f64> = cand
+            .iter()
+            .map(|&(_, l)| f64::from((l - max) / t).exp())
+            .collect();
         let total: f64 = weights.iter().sum();
         let mut r = self.rng.random::<f64>() * total;
         for (&(id, _), w) in cand.iter().zip(&weights) {
@@ -141,17 +169,39 @@ mod tests {
     #[test]
     fn same_seed_same_tokens() {
         let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
-        let params = SamplingParams { seed: Some(42), min_p: 0.0, ..Default::default() };
-        let a: Vec<u32> = { let mut s = Sampler::new(params.clone()); (0..50).map(|_| s.sample(&logits)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(params); (0..50).map(|_| s.sample(&logits)).collect() };
+        let params = SamplingParams {
+            seed: Some(42),
+            min_p: 0.0,
+            ..Default::default()
+        };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(params.clone());
+            (0..50).map(|_| s.sample(&logits)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(params);
+            (0..50).map(|_| s.sample(&logits)).collect()
+        };
         assert_eq!(a, b);
-        assert!(a.iter().any(|&t| t != a[0]), "temperature 1 over a flat-ish distribution varies");
+        assert!(
+            a.iter().any(|&t| t != a[0]),
+            "temperature 1 over a flat-ish distribution varies"
+        );
     }
 
     #[test]
     fn top_k_limits_candidates() {
         let logits = [5.0, 4.9, 4.8, 4.7, 0.0];
-        let counts = sample_many(SamplingParams { top_k: 2, min_p: 0.0, seed: Some(1), ..Default::default() }, &logits, 2000);
+        let counts = sample_many(
+            SamplingParams {
+                top_k: 2,
+                min_p: 0.0,
+                seed: Some(1),
+                ..Default::default()
+            },
+            &logits,
+            2000,
+        );
         assert_eq!(counts[2] + counts[3] + counts[4], 0);
         assert!(counts[0] > 0 && counts[1] > 0);
     }
@@ -160,7 +210,14 @@ mod tests {
     fn min_p_drops_unlikely_tokens() {
         // p(4) / p(0) = e^-5 < 0.05: token 4 is dropped; tokens 0..3 survive.
         let logits = [5.0, 4.9, 4.8, 4.7, 0.0];
-        let counts = sample_many(SamplingParams { seed: Some(3), ..Default::default() }, &logits, 4000);
+        let counts = sample_many(
+            SamplingParams {
+                seed: Some(3),
+                ..Default::default()
+            },
+            &logits,
+            4000,
+        );
         assert_eq!(counts[4], 0);
         assert!(counts[..4].iter().all(|&c| c > 0));
     }
@@ -169,7 +226,16 @@ mod tests {
     fn top_p_keeps_smallest_nucleus() {
         // probabilities ~ [0.64, 0.24, 0.09, 0.03]: top_p 0.7 keeps two tokens.
         let logits = [2.0, 1.0, 0.0, -1.0];
-        let counts = sample_many(SamplingParams { top_p: 0.7, min_p: 0.0, seed: Some(9), ..Default::default() }, &logits, 2000);
+        let counts = sample_many(
+            SamplingParams {
+                top_p: 0.7,
+                min_p: 0.0,
+                seed: Some(9),
+                ..Default::default()
+            },
+            &logits,
+            2000,
+        );
         assert_eq!(counts[2] + counts[3], 0);
         assert!(counts[1] > 0);
     }
@@ -177,17 +243,50 @@ mod tests {
     #[test]
     fn low_temperature_sharpens() {
         let logits = [1.0, 0.5];
-        let hot = sample_many(SamplingParams { temperature: 2.0, min_p: 0.0, seed: Some(5), ..Default::default() }, &logits, 4000);
-        let cold = sample_many(SamplingParams { temperature: 0.1, min_p: 0.0, seed: Some(5), ..Default::default() }, &logits, 4000);
+        let hot = sample_many(
+            SamplingParams {
+                temperature: 2.0,
+                min_p: 0.0,
+                seed: Some(5),
+                ..Default::default()
+            },
+            &logits,
+            4000,
+        );
+        let cold = sample_many(
+            SamplingParams {
+                temperature: 0.1,
+                min_p: 0.0,
+                seed: Some(5),
+                ..Default::default()
+            },
+            &logits,
+            4000,
+        );
         assert!(cold[0] > hot[0]);
         assert!(cold[0] > 3900);
     }
 
     #[test]
     fn validate_rejects_bad_values() {
-        assert!(SamplingParams { temperature: -1.0, ..Default::default() }.validate().is_err());
-        assert!(SamplingParams { top_p: 0.0, ..Default::default() }.validate().is_err());
-        assert!(SamplingParams { min_p: 1.5, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(SamplingParams {
+            min_p: 1.5,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
         assert!(SamplingParams::default().validate().is_ok());
     }
 }

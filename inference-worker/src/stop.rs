@@ -18,7 +18,10 @@ pub enum StopEvent {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> StopMatcher {
-        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), pending: String::new() }
+        StopMatcher {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            pending: String::new(),
+        }
     }
 
     pub fn push(&mut self, text: &str) -> StopEvent {
@@ -67,7 +70,13 @@ mod tests {
         let mut m = StopMatcher::new(vec!["END".into()]);
         assert_eq!(m.push("hello E"), StopEvent::Text("hello ".into()));
         assert_eq!(m.push("N"), StopEvent::Text(String::new()));
-        assert_eq!(m.push("D tail"), StopEvent::Stopped { text: String::new(), stop: "END".into() });
+        assert_eq!(
+            m.push("D tail"),
+            StopEvent::Stopped {
+                text: String::new(),
+                stop: "END".into()
+            }
+        );
     }
 
     #[test]
@@ -82,6 +91,12 @@ mod tests {
     fn earliest_stop_wins_and_unicode_is_safe() {
         let mut m = StopMatcher::new(vec!["é!".into(), "b".into()]);
         assert_eq!(m.push("aé"), StopEvent::Text("a".into()));
-        assert_eq!(m.push("xb"), StopEvent::Stopped { text: "éx".into(), stop: "b".into() });
+        assert_eq!(
+            m.push("xb"),
+            StopEvent::Stopped {
+                text: "éx".into(),
+                stop: "b".into()
+            }
+        );
     }
 }

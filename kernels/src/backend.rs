@@ -22,7 +22,11 @@ pub struct HostBytes {
 
 impl HostBytes {
     /// A view of `owner[start..start + len]`; `None` when out of range.
-    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, start: usize, len: usize) -> Option<HostBytes> {
+    pub fn new(
+        owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        start: usize,
+        len: usize,
+    ) -> Option<HostBytes> {
         let end = start.checked_add(len)?;
         ((*owner).as_ref().len() >= end).then_some(HostBytes { owner, start, len })
     }
@@ -30,7 +34,11 @@ impl HostBytes {
     /// Owned bytes (tests, small derived tensors).
     pub fn from_vec(v: Vec<u8>) -> HostBytes {
         let len = v.len();
-        HostBytes { owner: Arc::new(v), start: 0, len }
+        HostBytes {
+            owner: Arc::new(v),
+            start: 0,
+            len,
+        }
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -135,11 +143,21 @@ pub trait Backend: Send + Sync {
     fn kv_len(&self, cache: &Self::KvCache) -> usize;
 
     /// `out[i] = table[ids[i]]` (rows of an embedding matrix, dequantized).
-    fn embed(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Tensor) -> Result<(), BackendError>;
+    fn embed(
+        &self,
+        table: &Self::Weight,
+        ids: &[u32],
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
     /// Row-wise RMSNorm: `out = x / sqrt(mean(x^2) + eps) * w`.
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Weight, eps: f32, out: &mut Self::Tensor);
     /// `out[r] = W · x[r]` for every row `r` (W is `[n_out, n_in]`).
-    fn matmul(&self, w: &Self::Weight, x: &Self::Tensor, out: &mut Self::Tensor) -> Result<(), BackendError>;
+    fn matmul(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
     /// Rotate each head of every row in place; row `r` is at `positions[r]`.
     fn rope(&self, x: &mut Self::Tensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig);
     /// Append `k`, `v` rows at `positions` to layer `layer` of `cache`, then

@@ -11,5 +11,7 @@ pub mod backend;
 pub mod cpu;
 pub mod quant;
 
-pub use backend::{AttentionConfig, Backend, BackendError, HostBytes, RopeConfig, RopeMode, WeightSource};
+pub use backend::{
+    AttentionConfig, Backend, BackendError, HostBytes, RopeConfig, RopeMode, WeightSource,
+};
 pub use cpu::CpuBackend;

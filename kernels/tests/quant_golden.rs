@@ -161,7 +161,11 @@ fn type_table_matches_ggml() {
             assert_eq!(ty.row_bytes(bs / 2), None, "{name}");
         }
         let huge = usize::MAX / bs * bs;
-        assert_eq!(ty.row_bytes(huge), (huge / bs).checked_mul(ts), "{name} overflow");
+        assert_eq!(
+            ty.row_bytes(huge),
+            (huge / bs).checked_mul(ts),
+            "{name} overflow"
+        );
     }
     assert_eq!(F32.row_bytes(usize::MAX), None, "overflow");
     assert_eq!(Q8_0.row_bytes(usize::MAX / 32 * 32), None, "overflow");
@@ -464,7 +468,11 @@ fn q8_k_stores_f32_scale_and_block_sums() {
         let qs: Vec<i32> = b[4..260].iter().map(|&v| v as i8 as i32).collect();
         for (j, bs) in b[260..].chunks_exact(2).enumerate() {
             let s = i16::from_le_bytes([bs[0], bs[1]]) as i32;
-            assert_eq!(s, qs[16 * j..16 * j + 16].iter().sum::<i32>(), "block {i} bsum {j}");
+            assert_eq!(
+                s,
+                qs[16 * j..16 * j + 16].iter().sum::<i32>(),
+                "block {i} bsum {j}"
+            );
         }
         if i == 1 {
             assert_eq!(d, 0.0);
@@ -500,7 +508,10 @@ fn quantize_dequantize_error_is_within_half_a_step() {
             // formats), plus f16 rounding of the scale and min.
             let step = 2.0 * amax / levels;
             for (a, b) in xb.iter().zip(yb) {
-                assert!((a - b).abs() <= 0.5 * step + 2e-3 * amax, "{ty}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 0.5 * step + 2e-3 * amax,
+                    "{ty}: {a} vs {b}"
+                );
             }
         }
     }

@@ -2,8 +2,8 @@
 //! forward passes, the tokenizer and prompt rendering. Knows nothing of
 //! HTTP or processes.
 
-pub mod gguf;
 pub mod families;
+pub mod gguf;
 pub mod prompt;
 pub mod tokenizer;
 

@@ -18,10 +18,18 @@ use ds4_model::tokenizer::{TokenKind, Tokenizer};
 use serde::Deserialize;
 
 fn model_path() -> PathBuf {
+    const HINT: &str = "run ./scripts/fetch-model.sh from the repository root, or set DS4_TEST_MODEL to a GGUF file";
     if let Some(p) = std::env::var_os("DS4_TEST_MODEL") {
-        return PathBuf::from(p);
+        let p = PathBuf::from(p);
+        assert!(
+            p.exists(),
+            "DS4_TEST_MODEL={} does not exist; {HINT}",
+            p.display()
+        );
+        return p;
     }
-    let mut dir = Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")));
+    let manifest_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut dir = Some(manifest_dir);
     while let Some(d) = dir {
         let candidate = d.join("ds4.gguf");
         if candidate.exists() {
@@ -29,7 +37,10 @@ fn model_path() -> PathBuf {
         }
         dir = d.parent();
     }
-    panic!("test model not found: set DS4_TEST_MODEL or run ./scripts/fetch-model.sh from the repository root");
+    panic!(
+        "test model ds4.gguf not found in {} or above; {HINT}",
+        manifest_dir.display()
+    );
 }
 
 fn tokenizer() -> &'static Tokenizer {

@@ -1,2 +1,210 @@
-//! End-to-end tests of ds4 live in `tests/tests/`; they start the real
-//! binaries and talk to them over real sockets.
+//! Helpers for the end-to-end tests in `tests/tests/`: find the built
+//! binaries, start them on free ports, and speak plain HTTP/1.1 to them.
+//!
+//! The binaries are built by `cargo build --workspace --bins` (the test
+//! command does this first) into the same target directory as the tests.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const HINT: &str =
+    "run ./scripts/fetch-model.sh from the repository root, or set DS4_TEST_MODEL to a GGUF file";
+
+/// The default model (`DS4_TEST_MODEL`, else `ds4.gguf` in the repository root).
+pub fn model_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("DS4_TEST_MODEL") {
+        let p = PathBuf::from(p);
+        assert!(
+            p.exists(),
+            "DS4_TEST_MODEL={} does not exist; {HINT}",
+            p.display()
+        );
+        return p;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("ds4.gguf");
+    assert!(root.exists(), "{} is missing; {HINT}", root.display());
+    root
+}
+
+/// A workspace binary built next to the running test executable.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target profile dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run `cargo build --workspace --bins` first (./scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A running `ds4-server`, killed on drop.
+pub struct Server {
+    child: Child,
+    pub port: u16,
+}
+
+impl Server {
+    /// Start `ds4-server` on the default model with extra arguments and
+    /// wait until `/health` answers.
+    pub fn start(extra: &[&str]) -> Server {
+        let port = free_port();
+        let model = model_path();
+        let child = Command::new(binary("ds4-server"))
+            .arg("-m")
+            .arg(&model)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ds4-server");
+        let mut server = Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = server.child.try_wait().expect("wait") {
+                panic!("ds4-server exited during start-up: {status}");
+            }
+            if let Ok(r) = server.request("GET", "/health", None) {
+                if r.status == 200 {
+                    return server;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ds4-server did not become healthy in 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
+    }
+
+    /// Send one request and read the whole response.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> std::io::Result<Response> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(300)))?;
+        let body = body.unwrap_or_default();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )?;
+        s.write_all(body)?;
+        read_response(s)
+    }
+
+    /// POST a JSON value.
+    pub fn post_json(&self, path: &str, v: &serde_json::Value) -> Response {
+        self.request("POST", path, Some(&serde_json::to_vec(v).expect("json")))
+            .expect("request")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn read_response(s: TcpStream) -> std::io::Result<Response> {
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line)?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            r.read_line(&mut line)?;
+            let n = usize::from_str_radix(line.trim(), 16).map_err(std::io::Error::other)?;
+            if n == 0 {
+                break;
+            }
+            let mut chunk = vec![0; n + 2];
+            r.read_exact(&mut chunk)?;
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        r.read_to_end(&mut body)?;
+    }
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}

@@ -14,7 +14,10 @@ use crate::generate::GenerateError;
 pub enum ApiError {
     /// The request is malformed or asks for something we cannot honour.
     #[error("{message}")]
-    BadRequest { message: String, param: Option<&'static str> },
+    BadRequest {
+        message: String,
+        param: Option<&'static str>,
+    },
     #[error("the model {0:?} is not served here")]
     UnknownModel(String),
     #[error("prompt is too long: {prompt} tokens, but this server's context is {ctx} tokens (prompt plus completion)")]
@@ -45,25 +48,63 @@ struct Body<'a> {
 
 impl ApiError {
     pub fn bad(message: impl Into<String>, param: &'static str) -> ApiError {
-        ApiError::BadRequest { message: message.into(), param: Some(param) }
+        ApiError::BadRequest {
+            message: message.into(),
+            param: Some(param),
+        }
     }
 
-    fn parts(&self) -> (StatusCode, &'static str, Option<&'static str>, Option<&'static str>) {
+    fn parts(
+        &self,
+    ) -> (
+        StatusCode,
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+    ) {
         match self {
-            ApiError::BadRequest { param, .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", *param, None),
-            ApiError::UnknownModel(_) => {
-                (StatusCode::NOT_FOUND, "invalid_request_error", Some("model"), Some("model_not_found"))
-            }
+            ApiError::BadRequest { param, .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                *param,
+                None,
+            ),
+            ApiError::UnknownModel(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model"),
+                Some("model_not_found"),
+            ),
             ApiError::ContextLength { .. } => (
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 Some("messages"),
                 Some("context_length_exceeded"),
             ),
-            ApiError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", None, None),
-            ApiError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_overloaded", None, Some("busy")),
-            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", None, Some("not_found")),
-            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, None),
+            ApiError::TooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                None,
+                None,
+            ),
+            ApiError::Busy(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_overloaded",
+                None,
+                Some("busy"),
+            ),
+            ApiError::NotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                None,
+                Some("not_found"),
+            ),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                None,
+            ),
         }
     }
 }
@@ -76,10 +117,18 @@ impl IntoResponse for ApiError {
         } else {
             tracing::info!(error = %self, status = status.as_u16(), "request refused");
         }
-        let body = Envelope { error: Body { message: self.to_string(), kind, param, code } };
+        let body = Envelope {
+            error: Body {
+                message: self.to_string(),
+                kind,
+                param,
+                code,
+            },
+        };
         let mut resp = (status, Json(body)).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+            resp.headers_mut()
+                .insert("retry-after", HeaderValue::from_static("1"));
         }
         resp
     }
@@ -88,9 +137,14 @@ impl IntoResponse for ApiError {
 impl From<BytesRejection> for ApiError {
     fn from(r: BytesRejection) -> ApiError {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge { limit: super::MAX_BODY_BYTES }
+            ApiError::TooLarge {
+                limit: super::MAX_BODY_BYTES,
+            }
         } else {
-            ApiError::BadRequest { message: format!("cannot read request body: {r}"), param: None }
+            ApiError::BadRequest {
+                message: format!("cannot read request body: {r}"),
+                param: None,
+            }
         }
     }
 }
@@ -117,8 +171,10 @@ impl From<GenerateError> for ApiError {
 /// Parse a JSON body into `T`, with serde's message (line, column, field)
 /// in the error.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest { message: format!("invalid JSON body: {e}"), param: None })
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
+        message: format!("invalid JSON body: {e}"),
+        param: None,
+    })
 }
 
 pub async fn not_found(uri: Uri) -> ApiError {

@@ -34,8 +34,17 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(engine: EngineHandle, prompter: Prompter, model_id: String, ctx: usize) -> AppState {
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        AppState { engine, prompter, model_id, ctx, created, started: Instant::now() }
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        AppState {
+            engine,
+            prompter,
+            model_id,
+            ctx,
+            created,
+            started: Instant::now(),
+        }
     }
 
     /// Whether `requested` names the loaded model (or one of its aliases).

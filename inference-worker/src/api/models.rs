@@ -25,7 +25,12 @@ pub struct ModelCard {
 pub async fn list(State(state): State<Arc<AppState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
-        data: vec![ModelCard { id: state.model_id.clone(), object: "model", created: state.created, owned_by: "ds4" }],
+        data: vec![ModelCard {
+            id: state.model_id.clone(),
+            object: "model",
+            created: state.created,
+            owned_by: "ds4",
+        }],
     })
 }
 

@@ -176,7 +176,10 @@ pub async fn handle(
         return Err(ApiError::UnknownModel(req.model));
     }
     if req.stream {
-        return Err(ApiError::bad("streaming is not supported by this server yet; send stream: false", "stream"));
+        return Err(ApiError::bad(
+            "streaming is not supported by this server yet; send stream: false",
+            "stream",
+        ));
     }
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad("only n = 1 is supported", "n"));
@@ -186,7 +189,9 @@ pub async fn handle(
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) if v.len() <= 16 => v,
-        Some(Stop::Many(_)) => return Err(ApiError::bad("at most 16 stop strings are allowed", "stop")),
+        Some(Stop::Many(_)) => {
+            return Err(ApiError::bad("at most 16 stop strings are allowed", "stop"))
+        }
     };
     let messages = to_messages(req.messages)?;
     let prompter = state.prompter.clone();
@@ -194,24 +199,42 @@ pub async fn handle(
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?
         .map_err(|e| match e {
-            PromptError::Template(t) => ApiError::bad(format!("the chat template refused the messages: {t}"), "messages"),
+            PromptError::Template(t) => ApiError::bad(
+                format!("the chat template refused the messages: {t}"),
+                "messages",
+            ),
             other => ApiError::Internal(other.to_string()),
         })?;
     if prompt.len() >= state.ctx {
-        return Err(ApiError::ContextLength { prompt: prompt.len(), ctx: state.ctx });
+        return Err(ApiError::ContextLength {
+            prompt: prompt.len(),
+            ctx: state.ctx,
+        });
     }
     let room = state.ctx - prompt.len();
-    let max_tokens = req.max_completion_tokens.or(req.max_tokens).map_or(room, |m| (m as usize).min(room));
+    let max_tokens = req
+        .max_completion_tokens
+        .or(req.max_tokens)
+        .map_or(room, |m| (m as usize).min(room));
     if max_tokens == 0 {
         return Err(ApiError::bad("max_tokens must be at least 1", "max_tokens"));
     }
-    let rx = state.engine.submit(GenerateRequest { prompt, max_tokens, sampling, stop })?;
-    let generation = rx.await.map_err(|_| ApiError::Internal("the engine dropped the request".into()))??;
+    let rx = state.engine.submit(GenerateRequest {
+        prompt,
+        max_tokens,
+        sampling,
+        stop,
+    })?;
+    let generation = rx
+        .await
+        .map_err(|_| ApiError::Internal("the engine dropped the request".into()))??;
     Ok(Json(response(&state, generation)))
 }
 
 fn response(state: &AppState, g: Generation) -> ChatResponse {
-    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let t = &g.timings;
     ChatResponse {
         id: format!("chatcmpl-{}", uuid_like()),
@@ -220,7 +243,10 @@ fn response(state: &AppState, g: Generation) -> ChatResponse {
         model: state.model_id.clone(),
         choices: vec![Choice {
             index: 0,
-            message: OutMessage { role: "assistant", content: g.text.clone() },
+            message: OutMessage {
+                role: "assistant",
+                content: g.text.clone(),
+            },
             finish_reason: match g.finish {
                 FinishReason::Stop | FinishReason::Cancelled => "stop",
                 FinishReason::Length => "length",
@@ -231,7 +257,9 @@ fn response(state: &AppState, g: Generation) -> ChatResponse {
             prompt_tokens: t.prompt_tokens,
             completion_tokens: t.generated_tokens,
             total_tokens: t.prompt_tokens + t.generated_tokens,
-            prompt_tokens_details: PromptDetails { cached_tokens: t.cached_tokens },
+            prompt_tokens_details: PromptDetails {
+                cached_tokens: t.cached_tokens,
+            },
         },
         timings: TimingsOut {
             ttft_ms: t.ttft_ms(),

@@ -18,10 +18,20 @@ struct Cli {
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt lengths to measure (0 to skip prefill).
-    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
     n_prompt: Vec<usize>,
     /// Tokens to generate for the decode test (0 to skip).
-    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
     n_gen: Vec<usize>,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 3)]
@@ -53,7 +63,11 @@ fn main() -> anyhow::Result<()> {
     let lm = LoadedModel::open(&cli.model.model, CpuBackend::new(), None)?;
     let vocab = lm.model.info().n_vocab as u32;
     // Deterministic, ordinary tokens (skip the low control ids).
-    let tokens = |n: usize| -> Vec<u32> { (0..n as u32).map(|i| 1000 + (i * 7919) % (vocab - 1000)).collect() };
+    let tokens = |n: usize| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| 1000 + (i * 7919) % (vocab - 1000))
+            .collect()
+    };
     let be = &lm.backend;
     let reps = cli.repetitions.max(1);
     let mut rows = Vec::new();
@@ -109,7 +123,10 @@ fn main() -> anyhow::Result<()> {
         println!("| model | backend | threads | test | tok/s |");
         println!("| --- | --- | ---: | ---: | ---: |");
         for r in &rows {
-            println!("| {} | {} | {} | {} | {:.1} |", r.model, r.backend, r.threads, r.test, r.tokens_per_s);
+            println!(
+                "| {} | {} | {} | {} | {:.1} |",
+                r.model, r.backend, r.threads, r.test, r.tokens_per_s
+            );
         }
     }
     Ok(())

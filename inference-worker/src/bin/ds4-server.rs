@@ -63,12 +63,18 @@ fn main() -> anyhow::Result<()> {
     let model_id = lm.model_id.clone();
     let handle = engine::spawn(lm, ctx);
     let state = Arc::new(AppState::new(handle, prompter, model_id, ctx));
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
-        let listener =
-            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
         tracing::info!(%addr, "listening; try: curl http://{addr}/v1/models");
-        axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
         tracing::info!("shut down");
         anyhow::Ok(())
     })

@@ -90,7 +90,9 @@ fn main() -> anyhow::Result<()> {
     sampling.validate().map_err(anyhow::Error::msg)?;
     let prompt = match (&cli.prompt, &cli.prompt_file) {
         (Some(p), _) => Some(p.clone()),
-        (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?),
+        (None, Some(f)) => {
+            Some(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?)
+        }
         (None, None) => None,
     };
     match prompt {
@@ -100,26 +102,54 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn system_messages(cli: &Cli) -> Vec<ChatMessage> {
-    cli.system.iter().map(|s| ChatMessage { role: "system".into(), content: s.clone() }).collect()
+    cli.system
+        .iter()
+        .map(|s| ChatMessage {
+            role: "system".into(),
+            content: s.clone(),
+        })
+        .collect()
 }
 
-fn one_shot(cli: &Cli, lm: &LoadedModel<CpuBackend>, text: &str, sampling: SamplingParams) -> anyhow::Result<()> {
+fn one_shot(
+    cli: &Cli,
+    lm: &LoadedModel<CpuBackend>,
+    text: &str,
+    sampling: SamplingParams,
+) -> anyhow::Result<()> {
     let ids = if cli.raw {
         lm.prompter.raw_prompt(text)?
     } else {
         let mut messages = system_messages(cli);
-        messages.push(ChatMessage { role: "user".into(), content: text.to_string() });
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: text.to_string(),
+        });
         lm.prompter.chat_prompt(&messages)?.1
     };
     let mut seq = lm.model.new_sequence(&lm.backend, cli.ctx);
     if let Some(path) = &cli.dump_logits {
-        let logits = lm.model.forward(&lm.backend, &mut seq, &ids, Logits::Last)?;
-        let top = top_k(&logits, 20).into_iter().map(|(id, logit)| TopLogit { id, logit }).collect();
-        let dump = LogitDump { prompt_token_ids: ids.clone(), top };
-        std::fs::write(path, serde_json::to_vec_pretty(&dump)?).with_context(|| format!("writing {}", path.display()))?;
+        let logits = lm
+            .model
+            .forward(&lm.backend, &mut seq, &ids, Logits::Last)?;
+        let top = top_k(&logits, 20)
+            .into_iter()
+            .map(|(id, logit)| TopLogit { id, logit })
+            .collect();
+        let dump = LogitDump {
+            prompt_token_ids: ids.clone(),
+            top,
+        };
+        std::fs::write(path, serde_json::to_vec_pretty(&dump)?)
+            .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
-    let req = GenerateRequest { prompt: ids, max_tokens: cli.n_predict, sampling, stop: Vec::new() };
+    let req = GenerateRequest {
+        prompt: ids,
+        max_tokens: cli.n_predict,
+        sampling,
+        stop: Vec::new(),
+    };
     let g = run(lm, &mut seq, &req)?;
     println!();
     report(&g);
@@ -157,7 +187,7 @@ fn chat(cli: &Cli, lm: &LoadedModel<CpuBackend>, sampling: SamplingParams) -> an
     if cli.raw || lm.prompter.template.is_none() {
         anyhow::bail!("interactive chat needs the model's chat template; pass -p for a raw prompt");
     }
-    eprintln!("ds4 chat with {} ({} to quit)", lm.model_id, "Ctrl-D or /exit");
+    eprintln!("ds4 chat with {} (Ctrl-D or /exit to quit)", lm.model_id);
     let mut messages = system_messages(cli);
     let mut seq = lm.model.new_sequence(&lm.backend, cli.ctx);
     let stdin = std::io::stdin();
@@ -174,15 +204,26 @@ fn chat(cli: &Cli, lm: &LoadedModel<CpuBackend>, sampling: SamplingParams) -> an
         if line.trim() == "/exit" {
             break;
         }
-        messages.push(ChatMessage { role: "user".into(), content: line.to_string() });
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: line.to_string(),
+        });
         let (_, ids) = lm.prompter.chat_prompt(&messages)?;
         let max_tokens = cli.n_predict.min(cli.ctx.saturating_sub(ids.len()));
-        let req = GenerateRequest { prompt: ids, max_tokens, sampling: sampling.clone(), stop: Vec::new() };
+        let req = GenerateRequest {
+            prompt: ids,
+            max_tokens,
+            sampling: sampling.clone(),
+            stop: Vec::new(),
+        };
         match run(lm, &mut seq, &req) {
             Ok(g) => {
                 println!();
                 report(&g);
-                messages.push(ChatMessage { role: "assistant".into(), content: g.text });
+                messages.push(ChatMessage {
+                    role: "assistant".into(),
+                    content: g.text,
+                });
             }
             Err(e) => {
                 eprintln!("error: {e}");

@@ -74,7 +74,13 @@ where
                     continue;
                 }
                 let reply = &job.reply;
-                let mut on_text = |_: &str| if reply.is_closed() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
+                let mut on_text = |_: &str| {
+                    if reply.is_closed() {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                };
                 let result = generate(&lm, &mut seq, &job.req, &mut on_text);
                 if let Ok(g) = &result {
                     tracing::info!(

@@ -55,14 +55,23 @@ impl CpuKvCache {
         self.k.iter().chain(&self.v).map(|b| b.len() * 4).sum()
     }
 
-    fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), BackendError> {
+    fn write(
+        &mut self,
+        layer: usize,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), BackendError> {
         if pos >= self.ctx {
             return Err(BackendError::ContextFull { pos, ctx: self.ctx });
         }
         if pos > self.lens[layer] {
             return Err(BackendError::Shape {
                 op: "attention",
-                detail: format!("position {pos} skips ahead of the {} cached positions", self.lens[layer]),
+                detail: format!(
+                    "position {pos} skips ahead of the {} cached positions",
+                    self.lens[layer]
+                ),
             });
         }
         let d = self.kv_dim;
@@ -108,7 +117,7 @@ pub fn attention(
         && out.rows == q.rows
         && out.cols == q.cols
         && cfg.n_head_kv > 0
-        && cfg.n_head % cfg.n_head_kv == 0;
+        && cfg.n_head.is_multiple_of(cfg.n_head_kv);
     if !shape_ok {
         return Err(BackendError::Shape {
             op: "attention",
@@ -123,31 +132,34 @@ pub fn attention(
     }
     let group = cfg.n_head / cfg.n_head_kv;
     let (kc, vc) = (&cache.k[layer], &cache.v[layer]);
-    out.data.par_chunks_mut(hd).enumerate().for_each(|(idx, dst)| {
-        let (r, h) = (idx / cfg.n_head, idx % cfg.n_head);
-        let kvh = h / group;
-        let qh = &q.data[r * q.cols + h * hd..r * q.cols + (h + 1) * hd];
-        let n = positions[r] as usize + 1;
-        let mut scores: Vec<f32> = (0..n)
-            .map(|t| {
-                let kt = &kc[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
-                qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * cfg.scale
-            })
-            .collect();
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f32;
-        for s in &mut scores {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        dst.fill(0.0);
-        for (t, &p) in scores.iter().enumerate() {
-            let vt = &vc[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
-            let w = p / sum;
-            for (d, &x) in dst.iter_mut().zip(vt) {
-                *d += w * x;
+    out.data
+        .par_chunks_mut(hd)
+        .enumerate()
+        .for_each(|(idx, dst)| {
+            let (r, h) = (idx / cfg.n_head, idx % cfg.n_head);
+            let kvh = h / group;
+            let qh = &q.data[r * q.cols + h * hd..r * q.cols + (h + 1) * hd];
+            let n = positions[r] as usize + 1;
+            let mut scores: Vec<f32> = (0..n)
+                .map(|t| {
+                    let kt = &kc[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
+                    qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * cfg.scale
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0f32;
+            for s in &mut scores {
+                *s = (*s - max).exp();
+                sum += *s;
             }
-        }
-    });
+            dst.fill(0.0);
+            for (t, &p) in scores.iter().enumerate() {
+                let vt = &vc[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
+                let w = p / sum;
+                for (d, &x) in dst.iter_mut().zip(vt) {
+                    *d += w * x;
+                }
+            }
+        });
     Ok(())
 }

@@ -14,18 +14,31 @@ pub fn embed(table: &CpuWeight, ids: &[u32], out: &mut CpuTensor) -> Result<(), 
     if out.rows != ids.len() || out.cols != table.cols {
         return Err(BackendError::Shape {
             op: "embed",
-            detail: format!("{} ids into [{}, {}], table width {}", ids.len(), out.rows, out.cols, table.cols),
+            detail: format!(
+                "{} ids into [{}, {}], table width {}",
+                ids.len(),
+                out.rows,
+                out.cols,
+                table.cols
+            ),
         });
     }
     if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.rows) {
         return Err(BackendError::Shape {
             op: "embed",
-            detail: format!("token id {bad} is outside the vocabulary of {} tokens", table.rows),
+            detail: format!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                table.rows
+            ),
         });
     }
     for (dst, &id) in out.data.chunks_mut(table.cols).zip(ids) {
-        quant::dequantize_row(table.ggml_type, table.row(id as usize), dst)
-            .map_err(|e| BackendError::BadWeight { name: table.name.clone(), problem: e.to_string() })?;
+        quant::dequantize_row(table.ggml_type, table.row(id as usize), dst).map_err(|e| {
+            BackendError::BadWeight {
+                name: table.name.clone(),
+                problem: e.to_string(),
+            }
+        })?;
     }
     Ok(())
 }
@@ -41,9 +54,15 @@ pub fn rms_norm(x: &CpuTensor, w: &[f32], eps: f32, out: &mut CpuTensor) {
         }
     };
     if x.rows >= PAR_ROWS {
-        x.data.par_chunks(x.cols).zip(out.data.par_chunks_mut(x.cols)).for_each(f);
+        x.data
+            .par_chunks(x.cols)
+            .zip(out.data.par_chunks_mut(x.cols))
+            .for_each(f);
     } else {
-        x.data.chunks(x.cols).zip(out.data.chunks_mut(x.cols)).for_each(f);
+        x.data
+            .chunks(x.cols)
+            .zip(out.data.chunks_mut(x.cols))
+            .for_each(f);
     }
 }
 

@@ -51,7 +51,9 @@ impl CpuWeight {
     }
 
     fn dense(&self) -> &[f32] {
-        self.dense.as_deref().expect("element-wise weight is one row and bound dense")
+        self.dense
+            .as_deref()
+            .expect("element-wise weight is one row and bound dense")
     }
 }
 
@@ -81,17 +83,32 @@ impl Backend for CpuBackend {
     }
 
     fn bind_weight(&self, src: WeightSource) -> Result<CpuWeight, BackendError> {
-        let bad = |problem: String| BackendError::BadWeight { name: src.name.clone(), problem };
+        let bad = |problem: String| BackendError::BadWeight {
+            name: src.name.clone(),
+            problem,
+        };
         let row_bytes = src.ggml_type.row_bytes(src.cols).ok_or_else(|| {
-            bad(format!("row of {} values is not whole {} blocks", src.cols, src.ggml_type.name()))
+            bad(format!(
+                "row of {} values is not whole {} blocks",
+                src.cols,
+                src.ggml_type.name()
+            ))
         })?;
-        let want = row_bytes.checked_mul(src.rows).ok_or_else(|| bad("size overflows".into()))?;
+        let want = row_bytes
+            .checked_mul(src.rows)
+            .ok_or_else(|| bad("size overflows".into()))?;
         if want != src.bytes.len() {
-            return Err(bad(format!("expected {want} bytes for {}x{}, got {}", src.rows, src.cols, src.bytes.len())));
+            return Err(bad(format!(
+                "expected {want} bytes for {}x{}, got {}",
+                src.rows,
+                src.cols,
+                src.bytes.len()
+            )));
         }
         let dense = if src.rows == 1 {
             let mut v = vec![0.0; src.cols];
-            quant::dequantize_row(src.ggml_type, src.bytes.as_slice(), &mut v).map_err(|e| bad(e.to_string()))?;
+            quant::dequantize_row(src.ggml_type, src.bytes.as_slice(), &mut v)
+                .map_err(|e| bad(e.to_string()))?;
             Some(v)
         } else {
             None
@@ -108,12 +125,20 @@ impl Backend for CpuBackend {
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
-        CpuTensor { rows, cols, data: vec![0.0; rows * cols] }
+        CpuTensor {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        }
     }
 
     fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> CpuTensor {
         assert_eq!(data.len(), rows * cols, "tensor_from: data length");
-        CpuTensor { rows, cols, data: data.to_vec() }
+        CpuTensor {
+            rows,
+            cols,
+            data: data.to_vec(),
+        }
     }
 
     fn to_host(&self, x: &CpuTensor) -> Vec<f32> {
@@ -142,7 +167,12 @@ impl Backend for CpuBackend {
         cache.len()
     }
 
-    fn embed(&self, table: &CpuWeight, ids: &[u32], out: &mut CpuTensor) -> Result<(), BackendError> {
+    fn embed(
+        &self,
+        table: &CpuWeight,
+        ids: &[u32],
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
         elementwise::embed(table, ids, out)
     }
 
@@ -150,7 +180,12 @@ impl Backend for CpuBackend {
         elementwise::rms_norm(x, w.dense(), eps, out);
     }
 
-    fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), BackendError> {
+    fn matmul(
+        &self,
+        w: &CpuWeight,
+        x: &CpuTensor,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
         matmul::matmul(w, x, out)
     }
 

@@ -6,8 +6,11 @@ use crate::backend::{RopeConfig, RopeMode};
 
 pub fn rope(x: &mut CpuTensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig) {
     assert_eq!(positions.len(), x.rows, "rope: one position per row");
-    assert_eq!(x.cols % head_dim, 0, "rope: row is whole heads");
-    assert!(cfg.n_rot <= head_dim && cfg.n_rot % 2 == 0, "rope: n_rot");
+    assert!(x.cols.is_multiple_of(head_dim), "rope: row is whole heads");
+    assert!(
+        cfg.n_rot <= head_dim && cfg.n_rot.is_multiple_of(2),
+        "rope: n_rot"
+    );
     let half = cfg.n_rot / 2;
     // theta_i = pos * scale * base^(-2i / n_rot)
     let inv_freq: Vec<f64> = (0..half)

@@ -109,6 +109,10 @@ fn rows<'a>(ty: GgmlType, n: usize, w: &'a [u8], act: &'a [u8]) -> (&'a [u8], &'
 /// activation row `act` already quantized to
 /// [`ty.vec_dot_type()`](GgmlType::vec_dot_type) (`n` elements).
 ///
+/// `act` must come from [`quantize_row`](super::quantize_row) (its 8-bit
+/// quants lie in [-127, 127], which the Q8_0 SIMD kernel relies on, as
+/// ggml's does).
+///
 /// Hot path: lengths are checked with `debug_assert` only. In release
 /// builds, wrong lengths give a meaningless result, never out-of-bounds
 /// reads.

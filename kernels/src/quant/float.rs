@@ -5,6 +5,8 @@
 //! BF16 rounding is nearest-even with NaNs forced quiet, bit for bit as
 //! ggml's `ggml_compute_fp32_to_bf16`.
 
+use super::types::F16_TO_F32;
+
 /// Lanes of the partial sums in the scalar dots. Sixteen independent f32
 /// accumulators let LLVM keep the loop in vector registers.
 const LANES: usize = 16;
@@ -23,7 +25,7 @@ pub(crate) fn quantize_f32(src: &[f32], dst: &mut [u8]) {
 
 pub(crate) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
     for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *d = half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+        *d = F16_TO_F32[u16::from_le_bytes([s[0], s[1]]) as usize];
     }
 }
 
@@ -90,7 +92,7 @@ pub(crate) fn dot_f32(w: &[u8], a: &[u8]) -> f32 {
 }
 
 pub(crate) fn dot_f16(w: &[u8], a: &[u8]) -> f32 {
-    lane_dot::<2>(w, a, |b| half::f16::from_le_bytes(b).to_f32())
+    lane_dot::<2>(w, a, |b| F16_TO_F32[u16::from_le_bytes(b) as usize])
 }
 
 pub(crate) fn dot_bf16(w: &[u8], a: &[u8]) -> f32 {

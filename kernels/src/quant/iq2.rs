@@ -23,7 +23,8 @@ pub(crate) const IQ2_XXS_BYTES: usize = 66;
 pub const KMASK_IQ2XS: [u8; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
 
 /// ggml's `ksigns_iq2xs`: 7 sign bits completed with an eighth so that the
-/// number of negative signs is even.
+/// number of negative signs is even. Same 16-per-row layout as ggml.
+#[rustfmt::skip]
 pub const KSIGNS_IQ2XS: [u8; 128] = [
     0, 129, 130, 3, 132, 5, 6, 135, 136, 9, 10, 139, 12, 141, 142, 15,
     144, 17, 18, 147, 20, 149, 150, 23, 24, 153, 154, 27, 156, 29, 30, 159,
@@ -37,6 +38,8 @@ pub const KSIGNS_IQ2XS: [u8; 128] = [
 
 /// ggml's `iq2xxs_grid`: 256 lattice points, 8 magnitudes each (bytes
 /// 0x08, 0x19, 0x2b = 8, 25, 43), byte `j` (little-endian) for element `j`.
+/// Same 4-per-row layout as ggml, so the two can be diffed.
+#[rustfmt::skip]
 pub const IQ2XXS_GRID: [u64; 256] = [
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x08080808082b0808,
@@ -122,7 +125,10 @@ fn group(qs: &[u8]) -> ([i8; 32], u32) {
 }
 
 pub(crate) fn dequantize_iq2_xxs(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(IQ2_XXS_BYTES).zip(dst.chunks_exact_mut(QK_K)) {
+    for (b, y) in src
+        .chunks_exact(IQ2_XXS_BYTES)
+        .zip(dst.chunks_exact_mut(QK_K))
+    {
         let d = f16_at(b, 0);
         for (qs, y) in b[2..].chunks_exact(8).zip(y.chunks_exact_mut(32)) {
             let (v, s) = group(qs);
@@ -140,11 +146,18 @@ pub(crate) fn dequantize_iq2_xxs(src: &[u8], dst: &mut [f32]) {
 /// `0.125 * sum(d_w * d_a * sum_groups((2s + 1) * isum))`.
 pub(crate) fn dot_iq2_xxs_q8_k(w: &[u8], a: &[u8]) -> f32 {
     let mut sumf = 0f32;
-    for (x, y) in w.chunks_exact(IQ2_XXS_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+    for (x, y) in w
+        .chunks_exact(IQ2_XXS_BYTES)
+        .zip(a.chunks_exact(Q8_K_BYTES))
+    {
         let mut bsum = 0i32;
         for (qs, q8) in x[2..].chunks_exact(8).zip(y[4..4 + QK_K].chunks_exact(32)) {
             let (v, s) = group(qs);
-            let sumi: i32 = v.iter().zip(q8).map(|(&v, &q)| v as i32 * (q as i8) as i32).sum();
+            let sumi: i32 = v
+                .iter()
+                .zip(q8)
+                .map(|(&v, &q)| v as i32 * (q as i8) as i32)
+                .sum();
             bsum += sumi * (2 * s as i32 + 1);
         }
         sumf += f16_at(x, 0) * q8k_d(y) * bsum as f32;
@@ -167,7 +180,10 @@ mod tests {
     #[test]
     fn grid_uses_three_magnitudes() {
         for g in IQ2XXS_GRID {
-            assert!(g.to_le_bytes().iter().all(|b| [0x08, 0x19, 0x2b].contains(b)));
+            assert!(g
+                .to_le_bytes()
+                .iter()
+                .all(|b| [0x08, 0x19, 0x2b].contains(b)));
         }
     }
 }

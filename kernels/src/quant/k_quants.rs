@@ -133,7 +133,11 @@ fn unpack_q5_k(b: &[u8]) -> Quants {
 fn unpack_q6_k(b: &[u8]) -> Quants {
     let mut q = [0i8; QK_K];
     let (ql, qh) = (&b[0..128], &b[128..192]);
-    for ((ql, qh), q) in ql.chunks_exact(64).zip(qh.chunks_exact(32)).zip(q.chunks_exact_mut(128)) {
+    for ((ql, qh), q) in ql
+        .chunks_exact(64)
+        .zip(qh.chunks_exact(32))
+        .zip(q.chunks_exact_mut(128))
+    {
         for (r, q) in q.chunks_exact_mut(32).enumerate() {
             let lo = &ql[32 * (r % 2)..32 * (r % 2) + 32];
             let shift = if r < 2 { 0 } else { 4 };
@@ -178,7 +182,12 @@ pub(crate) fn dequantize_q3_k(src: &[u8], dst: &mut [f32]) {
 fn dequantize_k4(b: &[u8], q: &Quants, y: &mut [f32]) {
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
     let (sc, mn) = k4_scales_mins(&b[4..16]);
-    for (((y, q), &sc), &m) in y.chunks_exact_mut(32).zip(q.chunks_exact(32)).zip(&sc).zip(&mn) {
+    for (((y, q), &sc), &m) in y
+        .chunks_exact_mut(32)
+        .zip(q.chunks_exact(32))
+        .zip(&sc)
+        .zip(&mn)
+    {
         let d1 = d * sc as f32;
         let m1 = dmin * m as f32;
         for (y, &q) in y.iter_mut().zip(q) {
@@ -203,7 +212,11 @@ pub(crate) fn dequantize_q6_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(Q6_K_BYTES).zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_at(b, 208);
         let q = unpack_q6_k(b);
-        for ((y, q), &sc) in y.chunks_exact_mut(16).zip(q.chunks_exact(16)).zip(&b[192..208]) {
+        for ((y, q), &sc) in y
+            .chunks_exact_mut(16)
+            .zip(q.chunks_exact(16))
+            .zip(&b[192..208])
+        {
             let dl = d * (sc as i8) as f32;
             for (y, &q) in y.iter_mut().zip(q) {
                 *y = dl * q as f32;
@@ -228,9 +241,17 @@ pub(crate) fn dot_q2_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     for (x, y) in w.chunks_exact(Q2_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
         let sc = &x[..16];
         let bsums = q8k_bsums(y);
-        let summs: i32 = bsums.iter().zip(sc).map(|(&s, &c)| s * (c >> 4) as i32).sum();
+        let summs: i32 = bsums
+            .iter()
+            .zip(sc)
+            .map(|(&s, &c)| s * (c >> 4) as i32)
+            .sum();
         let dots = sub_dots::<16, 16>(&unpack_q2_k(x), &q8k_qs(y));
-        let isum: i32 = dots.iter().zip(sc).map(|(&p, &c)| p * (c & 0x0f) as i32).sum();
+        let isum: i32 = dots
+            .iter()
+            .zip(sc)
+            .map(|(&p, &c)| p * (c & 0x0f) as i32)
+            .sum();
         let dy = q8k_d(y);
         sumf += dy * f16_at(x, 80) * isum as f32 - dy * f16_at(x, 82) * summs as f32;
     }
@@ -254,7 +275,11 @@ pub(crate) fn dot_q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
 fn dot_k4_block(x: &[u8], q: &Quants, y: &[u8]) -> f32 {
     let (sc, mn) = k4_scales_mins(&x[4..16]);
     let bsums = q8k_bsums(y);
-    let summs: i32 = bsums.iter().enumerate().map(|(j, &s)| s * mn[j / 2] as i32).sum();
+    let summs: i32 = bsums
+        .iter()
+        .enumerate()
+        .map(|(j, &s)| s * mn[j / 2] as i32)
+        .sum();
     let dots = sub_dots::<32, 8>(q, &q8k_qs(y));
     let isum: i32 = dots.iter().zip(&sc).map(|(&p, &s)| p * s as i32).sum();
     let dy = q8k_d(y);
@@ -282,7 +307,11 @@ pub(crate) fn dot_q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     let mut sumf = 0f32;
     for (x, y) in w.chunks_exact(Q6_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
         let dots = sub_dots::<16, 16>(&unpack_q6_k(x), &q8k_qs(y));
-        let isum: i32 = dots.iter().zip(&x[192..208]).map(|(&p, &s)| p * (s as i8) as i32).sum();
+        let isum: i32 = dots
+            .iter()
+            .zip(&x[192..208])
+            .map(|(&p, &s)| p * (s as i8) as i32)
+            .sum();
         sumf += f16_at(x, 208) * q8k_d(y) * isum as f32;
     }
     sumf

@@ -351,10 +351,22 @@ mod avx2 {
 
             // Mins: sum_j bsums[j] * mn[j / 2], one madd over 16 i16 lanes.
             let mn16 = _mm256_setr_epi16(
-                mn[0] as i16, mn[0] as i16, mn[1] as i16, mn[1] as i16,
-                mn[2] as i16, mn[2] as i16, mn[3] as i16, mn[3] as i16,
-                mn[4] as i16, mn[4] as i16, mn[5] as i16, mn[5] as i16,
-                mn[6] as i16, mn[6] as i16, mn[7] as i16, mn[7] as i16,
+                mn[0] as i16,
+                mn[0] as i16,
+                mn[1] as i16,
+                mn[1] as i16,
+                mn[2] as i16,
+                mn[2] as i16,
+                mn[3] as i16,
+                mn[3] as i16,
+                mn[4] as i16,
+                mn[4] as i16,
+                mn[5] as i16,
+                mn[5] as i16,
+                mn[6] as i16,
+                mn[6] as i16,
+                mn[7] as i16,
+                mn[7] as i16,
             );
             let summs = hsum_epi32(_mm256_madd_epi16(bsums(y), mn16));
             mins_total += dmin * summs as f32;

@@ -139,10 +139,7 @@ fn bench_vec_dot() {
                 black_box(acc);
                 best = best.min(t.elapsed().as_nanos() as f64 / (reps * rows) as f64);
             }
-            line += &format!(
-                "  {name}: {best:7.1} ns/row {:6.2} GB/s",
-                row_bytes / best
-            );
+            line += &format!("  {name}: {best:7.1} ns/row {:6.2} GB/s", row_bytes / best);
         }
         println!("{line}");
     }

@@ -209,9 +209,7 @@ pub enum QuantError {
         block_size: usize,
     },
     /// The quantized buffer does not have the size the element count implies.
-    #[error(
-        "{ty}: {elements} elements take {expected} bytes, but the buffer holds {got} bytes"
-    )]
+    #[error("{ty}: {elements} elements take {expected} bytes, but the buffer holds {got} bytes")]
     ByteLength {
         ty: GgmlType,
         elements: usize,

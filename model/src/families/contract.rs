@@ -13,11 +13,19 @@ pub struct ExpectedTensor {
 
 impl ExpectedTensor {
     pub fn required(name: impl Into<String>, shape: &[u64]) -> ExpectedTensor {
-        ExpectedTensor { name: name.into(), shape: shape.to_vec(), required: true }
+        ExpectedTensor {
+            name: name.into(),
+            shape: shape.to_vec(),
+            required: true,
+        }
     }
 
     pub fn optional(name: impl Into<String>, shape: &[u64]) -> ExpectedTensor {
-        ExpectedTensor { name: name.into(), shape: shape.to_vec(), required: false }
+        ExpectedTensor {
+            name: name.into(),
+            shape: shape.to_vec(),
+            required: false,
+        }
     }
 }
 
@@ -33,7 +41,10 @@ pub fn check_inventory(
     for e in expected {
         match file.tensor(&e.name) {
             None if e.required => {
-                return Err(ModelError::MissingTensor { family: fam, name: e.name.clone() });
+                return Err(ModelError::MissingTensor {
+                    family: fam,
+                    name: e.name.clone(),
+                });
             }
             None => {}
             Some(t) if t.shape != e.shape => {
@@ -48,8 +59,16 @@ pub fn check_inventory(
         }
     }
     let known: std::collections::HashSet<&str> = expected.iter().map(|e| e.name.as_str()).collect();
-    if let Some(t) = file.tensors().iter().find(|t| !known.contains(t.name.as_str())) {
-        return Err(ModelError::UnexpectedTensor { family: fam, name: t.name.clone(), hint: unexpected_hint });
+    if let Some(t) = file
+        .tensors()
+        .iter()
+        .find(|t| !known.contains(t.name.as_str()))
+    {
+        return Err(ModelError::UnexpectedTensor {
+            family: fam,
+            name: t.name.clone(),
+            hint: unexpected_hint,
+        });
     }
     Ok(())
 }

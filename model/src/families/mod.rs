@@ -39,7 +39,10 @@ pub static FAMILIES: &[FamilyInfo] = &[FamilyInfo {
 
 impl Family {
     pub fn info(self) -> &'static FamilyInfo {
-        FAMILIES.iter().find(|f| f.family == self).expect("every family has a table row")
+        FAMILIES
+            .iter()
+            .find(|f| f.family == self)
+            .expect("every family has a table row")
     }
 
     pub fn name(self) -> &'static str {
@@ -88,12 +91,18 @@ pub enum ModelError {
 /// The family a file belongs to, from `general.architecture`.
 pub fn detect(file: &GgufFile) -> Result<Family, ModelError> {
     let arch = file.architecture().ok_or(ModelError::NoArchitecture)?;
-    FAMILIES.iter().find(|f| f.architecture == arch).map(|f| f.family).ok_or_else(|| {
-        ModelError::UnsupportedArchitecture {
+    FAMILIES
+        .iter()
+        .find(|f| f.architecture == arch)
+        .map(|f| f.family)
+        .ok_or_else(|| ModelError::UnsupportedArchitecture {
             found: arch.to_string(),
-            supported: FAMILIES.iter().map(|f| f.architecture).collect::<Vec<_>>().join(", "),
-        }
-    })
+            supported: FAMILIES
+                .iter()
+                .map(|f| f.architecture)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
 }
 
 /// Check that every required key of `family` is present.
@@ -102,7 +111,10 @@ pub fn check_required_keys(file: &GgufFile, family: Family) -> Result<(), ModelE
     for key in info.required_keys {
         let key = key.replace("{arch}", info.architecture);
         if file.metadata().get(&key).is_none() {
-            return Err(ModelError::MissingKey { family: info.architecture, key });
+            return Err(ModelError::MissingKey {
+                family: info.architecture,
+                key,
+            });
         }
     }
     Ok(())
@@ -196,7 +208,10 @@ impl<B: Backend> Model<B> {
                     n_layer: h.n_layer,
                     n_embd: h.n_embd,
                 };
-                Ok(Model { info, inner: FamilyModel::Llama(m) })
+                Ok(Model {
+                    info,
+                    inner: FamilyModel::Llama(m),
+                })
             }
         }
     }
@@ -210,7 +225,11 @@ impl<B: Backend> Model<B> {
         let cache = match &self.inner {
             FamilyModel::Llama(m) => m.kv_cache(backend, ctx),
         };
-        Sequence { cache, ctx, tokens: Vec::new() }
+        Sequence {
+            cache,
+            ctx,
+            tokens: Vec::new(),
+        }
     }
 
     /// Run `tokens` after the sequence's current tokens; returns logits
@@ -225,7 +244,10 @@ impl<B: Backend> Model<B> {
     ) -> Result<Vec<f32>, ModelError> {
         let start = seq.tokens.len();
         if start + tokens.len() > seq.ctx {
-            return Err(ModelError::ContextFull { needed: start + tokens.len(), ctx: seq.ctx });
+            return Err(ModelError::ContextFull {
+                needed: start + tokens.len(),
+                ctx: seq.ctx,
+            });
         }
         let positions: Vec<u32> = (start..start + tokens.len()).map(|p| p as u32).collect();
         let result = match &self.inner {

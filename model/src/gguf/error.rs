@@ -34,7 +34,11 @@ pub enum GgufError {
         remaining: u64,
     },
     #[error("metadata key {key:?} at offset {offset}: unknown value type {type_id}")]
-    BadValueType { key: String, type_id: u32, offset: u64 },
+    BadValueType {
+        key: String,
+        type_id: u32,
+        offset: u64,
+    },
     #[error("string at offset {offset} ({context}) is not valid UTF-8")]
     BadUtf8 { context: String, offset: u64 },
     #[error("metadata key {key:?}: arrays nested deeper than {max} levels")]

@@ -18,7 +18,10 @@ use super::GgufError;
 
 /// Map `path` read-only.
 pub fn map_file(path: &Path) -> Result<Arc<Mmap>, GgufError> {
-    let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+    let io = |source| GgufError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let file = File::open(path).map_err(io)?;
     // SAFETY: the mapping is read-only and model files are not modified while
     // in use (see the module doc); all reads through it are bounds-checked.

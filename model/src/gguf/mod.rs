@@ -83,7 +83,8 @@ impl Shard {
             .in_file(path));
         }
         let data_len = len.saturating_sub(header.data_offset);
-        parse::check_tensors(&header.tensors, header.alignment, data_len).map_err(|e| e.in_file(path))?;
+        parse::check_tensors(&header.tensors, header.alignment, data_len)
+            .map_err(|e| e.in_file(path))?;
         let shard = Shard {
             path: path.to_path_buf(),
             version: header.version,
@@ -138,7 +139,12 @@ impl GgufFile {
             }
         }
         split::check_tensor_total(&metadata, tensors.len())?;
-        Ok(GgufFile { shards, metadata, tensors, by_name })
+        Ok(GgufFile {
+            shards,
+            metadata,
+            tensors,
+            by_name,
+        })
     }
 
     /// Metadata of the model (the first shard's header).

@@ -84,7 +84,12 @@ impl<'a> Cursor<'a> {
         let count = self.u64(what)?;
         let remaining = self.remaining();
         if count.saturating_mul(min_item_bytes) > remaining {
-            return Err(GgufError::CountTooLarge { what, count, offset, remaining });
+            return Err(GgufError::CountTooLarge {
+                what,
+                count,
+                offset,
+                remaining,
+            });
         }
         Ok(count)
     }
@@ -93,7 +98,10 @@ impl<'a> Cursor<'a> {
         let len = self.count("string length", 1)?;
         let offset = self.pos as u64;
         let bytes = self.take(len, "string bytes")?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::BadUtf8 { context: context(), offset })
+        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::BadUtf8 {
+            context: context(),
+            offset,
+        })
     }
 }
 
@@ -126,7 +134,12 @@ mod value_type {
     }
 }
 
-fn read_value(cur: &mut Cursor<'_>, type_id: u32, key: &str, depth: usize) -> Result<MetaValue, GgufError> {
+fn read_value(
+    cur: &mut Cursor<'_>,
+    type_id: u32,
+    key: &str,
+    depth: usize,
+) -> Result<MetaValue, GgufError> {
     use value_type as t;
     Ok(match type_id {
         t::U8 => MetaValue::U8(cur.array::<1>("u8 value")?[0]),
@@ -145,14 +158,21 @@ fn read_value(cur: &mut Cursor<'_>, type_id: u32, key: &str, depth: usize) -> Re
                 0 => MetaValue::Bool(false),
                 1 => MetaValue::Bool(true),
                 _ => {
-                    return Err(GgufError::BadValueType { key: key.to_string(), type_id: t::BOOL, offset });
+                    return Err(GgufError::BadValueType {
+                        key: key.to_string(),
+                        type_id: t::BOOL,
+                        offset,
+                    });
                 }
             }
         }
         t::STRING => MetaValue::String(cur.string(&|| format!("value of key {key:?}"))?),
         t::ARRAY => {
             if depth >= MAX_ARRAY_DEPTH {
-                return Err(GgufError::TooDeep { key: key.to_string(), max: MAX_ARRAY_DEPTH });
+                return Err(GgufError::TooDeep {
+                    key: key.to_string(),
+                    max: MAX_ARRAY_DEPTH,
+                });
             }
             let offset = cur.pos as u64;
             let elem_type = cur.u32("array element type")?;
@@ -183,16 +203,28 @@ fn read_value(cur: &mut Cursor<'_>, type_id: u32, key: &str, depth: usize) -> Re
 /// the data section is checked separately by [`check_tensors`]).
 pub fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     let mut cur = Cursor { buf, pos: 0 };
-    let magic = cur.take(4, "magic").map_err(|_| GgufError::BadMagic { found: buf[..buf.len().min(4)].to_vec() })?;
+    let magic = cur.take(4, "magic").map_err(|_| GgufError::BadMagic {
+        found: buf[..buf.len().min(4)].to_vec(),
+    })?;
     if magic != b"GGUF" {
-        return Err(GgufError::BadMagic { found: magic.to_vec() });
+        return Err(GgufError::BadMagic {
+            found: magic.to_vec(),
+        });
     }
     let version = cur.u32("version")?;
     match version {
         2 | 3 => {}
-        1 => return Err(GgufError::UnsupportedVersion { version, hint: "; convert the file with a current llama.cpp" }),
+        1 => {
+            return Err(GgufError::UnsupportedVersion {
+                version,
+                hint: "; convert the file with a current llama.cpp",
+            })
+        }
         v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
-            return Err(GgufError::UnsupportedVersion { version, hint: " (this looks like a big-endian GGUF)" });
+            return Err(GgufError::UnsupportedVersion {
+                version,
+                hint: " (this looks like a big-endian GGUF)",
+            });
         }
         _ => return Err(GgufError::UnsupportedVersion { version, hint: "" }),
     }
@@ -230,16 +262,27 @@ pub fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
         tensors.push(read_tensor_info(&mut cur)?);
     }
     let data_offset = (cur.pos as u64).div_ceil(alignment) * alignment;
-    Ok(Header { version, metadata, tensors, alignment, data_offset })
+    Ok(Header {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+    })
 }
 
 fn read_tensor_info(cur: &mut Cursor<'_>) -> Result<RawTensorInfo, GgufError> {
     let name_offset = cur.pos as u64;
     let name = cur.string(&|| format!("tensor name at offset {name_offset}"))?;
-    let bad = |problem: String| GgufError::BadTensor { name: name.clone(), problem };
+    let bad = |problem: String| GgufError::BadTensor {
+        name: name.clone(),
+        problem,
+    };
     let n_dims = cur.u32("tensor dimension count")?;
     if n_dims == 0 || n_dims as usize > MAX_DIMS {
-        return Err(bad(format!("{n_dims} dimensions (expected 1 to {MAX_DIMS})")));
+        return Err(bad(format!(
+            "{n_dims} dimensions (expected 1 to {MAX_DIMS})"
+        )));
     }
     let mut shape = Vec::with_capacity(n_dims as usize);
     for _ in 0..n_dims {
@@ -247,8 +290,10 @@ fn read_tensor_info(cur: &mut Cursor<'_>) -> Result<RawTensorInfo, GgufError> {
     }
     let type_id = cur.u32("tensor type")?;
     let offset = cur.u64("tensor offset")?;
-    let ggml_type =
-        GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType { name: name.clone(), type_id })?;
+    let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
+        name: name.clone(),
+        type_id,
+    })?;
     if shape.contains(&0) {
         return Err(bad(format!("shape {shape:?} has a zero dimension")));
     }
@@ -267,16 +312,28 @@ fn read_tensor_info(cur: &mut Cursor<'_>) -> Result<RawTensorInfo, GgufError> {
     let n_bytes = (n_elements / block)
         .checked_mul(ggml_type.type_size() as u64)
         .ok_or_else(|| bad(format!("byte size of shape {shape:?} overflows")))?;
-    Ok(RawTensorInfo { name, shape, ggml_type, offset, n_bytes })
+    Ok(RawTensorInfo {
+        name,
+        shape,
+        ggml_type,
+        offset,
+        n_bytes,
+    })
 }
 
 /// Check tensor placement against a data section of `data_len` bytes:
 /// aligned offsets, inside the section, unique names, no overlaps.
-pub fn check_tensors(tensors: &[RawTensorInfo], alignment: u64, data_len: u64) -> Result<(), GgufError> {
+pub fn check_tensors(
+    tensors: &[RawTensorInfo],
+    alignment: u64,
+    data_len: u64,
+) -> Result<(), GgufError> {
     let mut seen = std::collections::HashSet::with_capacity(tensors.len());
     for t in tensors {
         if !seen.insert(t.name.as_str()) {
-            return Err(GgufError::DuplicateTensor { name: t.name.clone() });
+            return Err(GgufError::DuplicateTensor {
+                name: t.name.clone(),
+            });
         }
         if t.offset % alignment != 0 {
             return Err(GgufError::BadTensor {

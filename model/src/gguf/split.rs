@@ -71,7 +71,12 @@ pub fn other_shards(first: &Path, meta: &Metadata) -> Result<Vec<PathBuf>, GgufE
 }
 
 /// Check that shard number `index` (0-based) agrees with the first shard.
-pub fn check_shard_metadata(path: &Path, meta: &Metadata, index: usize, first: &Metadata) -> Result<(), GgufError> {
+pub fn check_shard_metadata(
+    path: &Path,
+    meta: &Metadata,
+    index: usize,
+    first: &Metadata,
+) -> Result<(), GgufError> {
     let no = meta.get_u64(KEY_NO);
     let count = meta.get_u64(KEY_COUNT);
     if no != Some(index as u64) || count != first.get_u64(KEY_COUNT) {
@@ -87,9 +92,9 @@ pub fn check_shard_metadata(path: &Path, meta: &Metadata, index: usize, first: &
 /// Check `split.tensors.count` against the tensors found in all shards.
 pub fn check_tensor_total(meta: &Metadata, found: usize) -> Result<(), GgufError> {
     match meta.get_u64(KEY_TENSORS) {
-        Some(want) if meta.get_u64(KEY_COUNT).unwrap_or(1) > 1 && want != found as u64 => Err(err(format!(
-            "{KEY_TENSORS} = {want} but the shards hold {found} tensors"
-        ))),
+        Some(want) if meta.get_u64(KEY_COUNT).unwrap_or(1) > 1 && want != found as u64 => Err(err(
+            format!("{KEY_TENSORS} = {want} but the shards hold {found} tensors"),
+        )),
         _ => Ok(()),
     }
 }

@@ -109,7 +109,12 @@ pub struct Metadata {
 }
 
 impl Metadata {
-    pub(crate) fn insert(&mut self, key: String, value: MetaValue, offset: u64) -> Result<(), GgufError> {
+    pub(crate) fn insert(
+        &mut self,
+        key: String,
+        value: MetaValue,
+        offset: u64,
+    ) -> Result<(), GgufError> {
         if self.index.contains_key(&key) {
             return Err(GgufError::DuplicateKey { key, offset });
         }

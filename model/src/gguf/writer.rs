@@ -15,7 +15,11 @@ pub struct TensorToWrite {
 
 /// Serialize a GGUF v3 file. `alignment` is written as `general.alignment`
 /// when it differs from the default.
-pub fn write_gguf(metadata: &[(String, MetaValue)], tensors: &[TensorToWrite], alignment: u64) -> Vec<u8> {
+pub fn write_gguf(
+    metadata: &[(String, MetaValue)],
+    tensors: &[TensorToWrite],
+    alignment: u64,
+) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(b"GGUF");
     out.extend_from_slice(&3u32.to_le_bytes());

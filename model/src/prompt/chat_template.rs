@@ -105,7 +105,7 @@ impl ChatTemplate {
         let mut env = jinja::environment();
         env.add_template_owned(TEMPLATE_NAME, source.into())
             .map_err(|e| PromptError::Syntax {
-                message: describe(&e),
+                message: e.to_string(),
                 line: e.line(),
             })?;
         Ok(ChatTemplate {
@@ -177,14 +177,9 @@ fn render_error(e: &minijinja::Error) -> PromptError {
         source = s.source();
     }
     PromptError::Render {
-        message: describe(e),
+        message: e.to_string(),
         line: e.line(),
     }
-}
-
-/// The error's kind and detail, with the template name and line.
-fn describe(e: &minijinja::Error) -> String {
-    e.to_string()
 }
 
 #[cfg(test)]

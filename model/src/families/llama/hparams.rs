@@ -34,7 +34,12 @@ pub struct LlamaHParams {
 }
 
 fn bad(key: &str, value: impl std::fmt::Display, problem: &str) -> ModelError {
-    ModelError::BadKey { family: FAMILY, key: key.to_string(), value: value.to_string(), problem: problem.to_string() }
+    ModelError::BadKey {
+        family: FAMILY,
+        key: key.to_string(),
+        value: value.to_string(),
+        problem: problem.to_string(),
+    }
 }
 
 fn count(file: &GgufFile, key: &str) -> Result<usize, ModelError> {
@@ -56,16 +61,28 @@ impl LlamaHParams {
             None => n_head,
         };
         if n_head % n_head_kv != 0 {
-            return Err(bad(&k("attention.head_count_kv"), n_head_kv, "must divide attention.head_count"));
+            return Err(bad(
+                &k("attention.head_count_kv"),
+                n_head_kv,
+                "must divide attention.head_count",
+            ));
         }
         if n_embd % n_head != 0 {
-            return Err(bad(&k("embedding_length"), n_embd, "must be a multiple of attention.head_count"));
+            return Err(bad(
+                &k("embedding_length"),
+                n_embd,
+                "must be a multiple of attention.head_count",
+            ));
         }
         let head_dim = n_embd / n_head;
         for key in ["attention.key_length", "attention.value_length"] {
             if let Some(v) = m.get_u64(&k(key)) {
                 if v as usize != head_dim {
-                    return Err(bad(&k(key), v, "head sizes other than embedding_length / head_count are not supported"));
+                    return Err(bad(
+                        &k(key),
+                        v,
+                        "head sizes other than embedding_length / head_count are not supported",
+                    ));
                 }
             }
         }
@@ -74,7 +91,11 @@ impl LlamaHParams {
             None => head_dim,
         };
         if n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(bad(&k("rope.dimension_count"), n_rot, "must be even and at most the head size"));
+            return Err(bad(
+                &k("rope.dimension_count"),
+                n_rot,
+                "must be even and at most the head size",
+            ));
         }
         let freq_base = m.get_f64(&k("rope.freq_base")).unwrap_or(10_000.0) as f32;
         let mut freq_scale = 1.0f32;
@@ -83,22 +104,36 @@ impl LlamaHParams {
             Some("linear") => {
                 let f = m.get_f64(&k("rope.scaling.factor")).unwrap_or(1.0);
                 if !(f > 0.0 && f.is_finite()) {
-                    return Err(bad(&k("rope.scaling.factor"), f, "must be a positive number"));
+                    return Err(bad(
+                        &k("rope.scaling.factor"),
+                        f,
+                        "must be a positive number",
+                    ));
                 }
                 freq_scale = (1.0 / f) as f32;
             }
             Some(other) => {
-                return Err(bad(&k("rope.scaling.type"), other, "only linear RoPE scaling is supported"));
+                return Err(bad(
+                    &k("rope.scaling.type"),
+                    other,
+                    "only linear RoPE scaling is supported",
+                ));
             }
         }
         let rms_eps = m.require_f64(&k("attention.layer_norm_rms_epsilon"))? as f32;
         if !(rms_eps > 0.0 && rms_eps < 1.0) {
-            return Err(bad(&k("attention.layer_norm_rms_epsilon"), rms_eps, "expected a small positive number"));
+            return Err(bad(
+                &k("attention.layer_norm_rms_epsilon"),
+                rms_eps,
+                "expected a small positive number",
+            ));
         }
-        let embd = file.tensor("token_embd.weight").ok_or(ModelError::MissingTensor {
-            family: FAMILY,
-            name: "token_embd.weight".into(),
-        })?;
+        let embd = file
+            .tensor("token_embd.weight")
+            .ok_or(ModelError::MissingTensor {
+                family: FAMILY,
+                name: "token_embd.weight".into(),
+            })?;
         let n_vocab = match m.get_u64(&k("vocab_size")) {
             Some(v) => v as usize,
             None => embd.shape.get(1).copied().unwrap_or(0) as usize,
@@ -113,7 +148,12 @@ impl LlamaHParams {
             n_head_kv,
             head_dim,
             rms_eps,
-            rope: RopeConfig { mode: RopeMode::Normal, n_rot, freq_base, freq_scale },
+            rope: RopeConfig {
+                mode: RopeMode::Normal,
+                n_rot,
+                freq_base,
+                freq_scale,
+            },
             tied_embeddings: file.tensor("output.weight").is_none(),
         })
     }

@@ -52,6 +52,14 @@ impl<B: Backend> LlamaModel<B> {
         positions: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
-        forward::forward(&self.hparams, &self.weights, backend, cache, tokens, positions, want)
+        forward::forward(
+            &self.hparams,
+            &self.weights,
+            backend,
+            cache,
+            tokens,
+            positions,
+            want,
+        )
     }
 }

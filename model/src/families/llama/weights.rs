@@ -32,9 +32,16 @@ impl<B: Backend> LlamaWeights<B> {
     }
 
     /// Bind every tensor (the inventory has been checked already).
-    pub fn bind(file: &GgufFile, h: &LlamaHParams, backend: &B) -> Result<LlamaWeights<B>, ModelError> {
+    pub fn bind(
+        file: &GgufFile,
+        h: &LlamaHParams,
+        backend: &B,
+    ) -> Result<LlamaWeights<B>, ModelError> {
         let bind = |name: &str| -> Result<B::Weight, ModelError> {
-            let t = file.tensor(name).ok_or_else(|| ModelError::MissingTensor { family: "llama", name: name.into() })?;
+            let t = file.tensor(name).ok_or_else(|| ModelError::MissingTensor {
+                family: "llama",
+                name: name.into(),
+            })?;
             Ok(backend.bind_weight(weight_source(file, t))?)
         };
         let layers = (0..h.n_layer)
@@ -57,7 +64,11 @@ impl<B: Backend> LlamaWeights<B> {
             token_embd: bind("token_embd.weight")?,
             layers,
             output_norm: bind("output_norm.weight")?,
-            output: if h.tied_embeddings { None } else { Some(bind("output.weight")?) },
+            output: if h.tied_embeddings {
+                None
+            } else {
+                Some(bind("output.weight")?)
+            },
         })
     }
 }

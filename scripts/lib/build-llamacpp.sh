@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Build llama.cpp's `llama-bench` (CPU only, native arch) from the llama.cpp copy
+# vendored in the llama-cpp-python source distribution on PyPI.
+#
+# Usage: scripts/lib/build-llamacpp.sh
+#   prints the path of the llama-bench binary on stdout (progress goes to stderr).
+#
+# Environment:
+#   LLAMACPP_PY_VERSION  llama-cpp-python release whose vendored llama.cpp is built
+#                        (default: 0.3.36)
+#   LLAMACPP_JOBS        parallel build jobs (default: nproc)
+#
+# Layout (git-ignored):
+#   .cache/llama.cpp-<LLAMACPP_PY_VERSION>/src/      vendored llama.cpp sources
+#   .cache/llama.cpp-<LLAMACPP_PY_VERSION>/build/    cmake build dir (bin/llama-bench)
+#   .cache/llama.cpp-<LLAMACPP_PY_VERSION>/VERSION   "llama.cpp <commit> (llama-cpp-python <ver>)"
+#
+# Idempotent: an existing build is reused as is. Delete the directory to rebuild.
+# Needs cmake and a C/C++ compiler. When cmake is missing and the script runs as
+# root on a system with apt-get, it installs cmake; otherwise it tells you how.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+py_ver="${LLAMACPP_PY_VERSION:-0.3.36}"
+jobs="${LLAMACPP_JOBS:-$(nproc)}"
+cache="$root/.cache/llama.cpp-$py_ver"
+src="$cache/src"
+build="$cache/build"
+bin="$build/bin/llama-bench"
+
+log() { echo "[build-llamacpp] $*" >&2; }
+
+if [[ -x "$bin" && -f "$cache/VERSION" ]]; then
+  log "reusing $bin ($(cat "$cache/VERSION"))"
+  echo "$bin"
+  exit 0
+fi
+
+# --- toolchain -------------------------------------------------------------
+need_apt=()
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+{ command -v c++ >/dev/null 2>&1 && command -v cc >/dev/null 2>&1; } || need_apt+=(build-essential)
+if ((${#need_apt[@]})); then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing ${need_apt[*]} with apt-get"
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >&2
+  else
+    log "error: missing ${need_apt[*]}."
+    log "  Debian/Ubuntu: sudo apt-get update && sudo apt-get install -y ${need_apt[*]}"
+    log "  Fedora:        sudo dnf install -y cmake gcc-c++"
+    log "  macOS:         brew install cmake"
+    exit 1
+  fi
+fi
+
+# --- sources ---------------------------------------------------------------
+if [[ ! -f "$src/CMakeLists.txt" || ! -f "$cache/COMMIT" ]]; then
+  mkdir -p "$cache"
+  tmp="$(mktemp -d "$cache/dl.XXXXXX")"
+  trap 'rm -rf "$tmp"' EXIT
+  log "downloading llama-cpp-python==$py_ver source distribution ..."
+  python3 -m pip download --quiet --no-deps --no-binary :all: \
+    -d "$tmp" "llama-cpp-python==$py_ver" >&2
+  sdist="$(ls "$tmp"/llama_cpp_python-*.tar.gz)"
+  top="llama_cpp_python-$py_ver"
+  log "unpacking vendor/llama.cpp ..."
+  mkdir -p "$tmp/x"
+  # The sdist carries the submodule's git metadata; only its HEAD (the commit) is needed.
+  tar -xzf "$sdist" -C "$tmp/x" --wildcards \
+    "$top/vendor/llama.cpp/*" "$top/.git/modules/vendor/llama.cpp/HEAD"
+  commit="$(head -c 40 "$tmp/x/$top/.git/modules/vendor/llama.cpp/HEAD" 2>/dev/null || true)"
+  [[ "$commit" =~ ^[0-9a-f]{40}$ ]] || commit="unknown"
+  rm -rf "$src" "$build"
+  mv "$tmp/x/$top/vendor/llama.cpp" "$src"
+  echo "$commit" > "$cache/COMMIT"
+  rm -rf "$tmp"
+  trap - EXIT
+fi
+commit="$(cat "$cache/COMMIT")"
+short="${commit:0:7}"
+
+# --- build -----------------------------------------------------------------
+log "configuring llama.cpp $short (CPU only, GGML_NATIVE=ON) ..."
+cmake -S "$src" -B "$build" \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=ON \
+  -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_BUILD_SERVER=OFF \
+  -DLLAMA_BUILD_APP=OFF \
+  -DLLAMA_BUILD_TOOLS=ON \
+  -DLLAMA_BUILD_COMMON=ON \
+  -DLLAMA_CURL=OFF \
+  -DLLAMA_OPENSSL=OFF \
+  -DLLAMA_BUILD_COMMIT="$short" \
+  -DLLAMA_BUILD_NUMBER=0 >&2
+log "building llama-bench with $jobs job(s); this takes several minutes ..."
+start=$(date +%s)
+cmake --build "$build" --config Release --target llama-bench -j "$jobs" >&2
+log "built in $(( $(date +%s) - start ))s: $bin"
+echo "llama.cpp $short (vendored in llama-cpp-python $py_ver)" > "$cache/VERSION"
+echo "$bin"

@@ -1,0 +1,153 @@
+//! `ds4-server` over real HTTP on the default model: answers, refusals in
+//! the OpenAI error envelope, and that the server keeps serving after bad
+//! input and vanished clients.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use ds4_tests::Server;
+use serde_json::json;
+
+const QUESTION: &str = "What is the capital of France? Answer in one sentence.";
+
+fn assert_openai_error(r: &ds4_tests::Response, status: u16, needle: &str) {
+    assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    let msg = v["error"]["message"].as_str().expect("error.message");
+    assert!(msg.contains(needle), "message {msg:?} lacks {needle:?}");
+    assert!(v["error"]["type"].is_string(), "error.type");
+}
+
+#[test]
+fn chat_completion_answers_and_bad_input_is_refused() {
+    let mut server = Server::start(&[]);
+
+    let models = server.request("GET", "/v1/models", None).expect("models");
+    assert_eq!(models.status, 200);
+    let models = models.json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
+
+    let r = server.post_json(
+        "/v1/chat/completions",
+        &json!({"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": QUESTION}], "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "The capital of France is Paris."
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["prompt_tokens"], 42);
+    assert_eq!(
+        v["usage"]["completion_tokens"], 8,
+        "7 tokens and <|im_end|>"
+    );
+    assert_eq!(v["usage"]["total_tokens"], 50);
+    assert!(v["timings"]["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+
+    // The same conversation again reuses the cached prompt.
+    let again = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": QUESTION}], "temperature": 0, "max_tokens": 3}),
+    );
+    let again = again.json();
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 41);
+    assert_eq!(again["choices"][0]["finish_reason"], "length");
+    assert_eq!(again["usage"]["completion_tokens"], 3);
+    assert_eq!(again["choices"][0]["message"]["content"], "The capital of");
+
+    // Stop strings end the answer before the stop text.
+    let stopped = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": QUESTION}], "temperature": 0, "stop": [" is"]}),
+    );
+    let stopped = stopped.json();
+    assert_eq!(
+        stopped["choices"][0]["message"]["content"],
+        "The capital of France"
+    );
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+
+    // Malformed and unsupported requests: typed 4xx in the OpenAI envelope.
+    let bad = server
+        .request("POST", "/v1/chat/completions", Some(b"{\"messages\": ["))
+        .unwrap();
+    assert_openai_error(&bad, 400, "invalid JSON");
+    let r = server.post_json("/v1/chat/completions", &json!({"messages": []}));
+    assert_openai_error(&r, 400, "must not be empty");
+    let r = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "wizard", "content": "x"}]}),
+    );
+    assert_openai_error(&r, 400, "wizard");
+    let r = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "x"}], "n": 2}),
+    );
+    assert_openai_error(&r, 400, "n = 1");
+    let r = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "x"}], "temperature": -1}),
+    );
+    assert_openai_error(&r, 400, "temperature");
+    let r = server.post_json(
+        "/v1/chat/completions",
+        &json!({"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_openai_error(&r, 404, "gpt-17");
+    let r = server.request("GET", "/v1/nothing", None).unwrap();
+    assert_openai_error(&r, 404, "/v1/nothing");
+    let huge = vec![b' '; 33 * 1024 * 1024];
+    match server.request("POST", "/v1/chat/completions", Some(&huge)) {
+        Ok(r) => assert_openai_error(&r, 413, "limit"),
+        // The server may close the connection before reading the whole body.
+        Err(e) => assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ),
+            "{e}"
+        ),
+    }
+
+    // A client that sends a request and disappears does not hurt the server.
+    {
+        let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        let body = json!({"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 200}).to_string();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let r = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": QUESTION}], "temperature": 0}),
+    );
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "The capital of France is Paris."
+    );
+    assert!(server.alive());
+}
+
+#[test]
+fn prompt_over_the_context_is_refused() {
+    let mut server = Server::start(&["--ctx", "32"]);
+    let r = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": QUESTION}]}),
+    );
+    assert_openai_error(&r, 400, "context");
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+    assert!(server.alive());
+    let h = server.request("GET", "/health", None).unwrap();
+    assert_eq!(h.status, 200);
+}
