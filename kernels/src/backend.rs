@@ -71,6 +71,20 @@ pub struct WeightSource {
     pub bytes: HostBytes,
 }
 
+/// How faithfully a backend rounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// The serving path: activations quantized to each weight type's
+    /// `vec_dot_type` before quantized dot products, KV cache in f16
+    /// (what llama.cpp computes, and what the fast kernels compute).
+    #[default]
+    Production,
+    /// Weights dequantized to f32, f32 activations and caches, no
+    /// activation rounding: the model's math, for comparisons with
+    /// independent float reference implementations.
+    Exact,
+}
+
 /// Rotary position embedding variants.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RopeMode {

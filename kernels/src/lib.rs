@@ -12,6 +12,6 @@ pub mod cpu;
 pub mod quant;
 
 pub use backend::{
-    AttentionConfig, Backend, BackendError, HostBytes, RopeConfig, RopeMode, WeightSource,
+    AttentionConfig, Backend, BackendError, HostBytes, Numerics, RopeConfig, RopeMode, WeightSource,
 };
 pub use cpu::CpuBackend;

@@ -8,12 +8,12 @@
 mod gguf_support;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ds4_kernels::quant::GgmlType;
 use ds4_model::gguf::writer::write_gguf;
-use ds4_model::gguf::{parse_header, GgufError, GgufFile, MetaValue};
+use ds4_model::gguf::{parse_header, GgufError, GgufFile, MetaValue, MAX_ARRAY_ELEMENTS};
 use gguf_support::{
     inner, raw_tensor, tensor, typed, typed_u32, vt, write_file, RawGguf, XorShift,
 };
@@ -59,15 +59,42 @@ fn small_file() -> Vec<u8> {
     bytes
 }
 
-/// Open `bytes` as a file at `path`, turning a panic into a test failure
-/// that says which input caused it.
+/// Fresh file names in one temporary directory. Each input gets a new
+/// file: rewriting one file in place costs milliseconds per write on ext4
+/// (it flushes on truncate), creating a new one microseconds.
+struct Scratch {
+    dir: tempfile::TempDir,
+    stem: &'static str,
+    n: u32,
+}
+
+impl Scratch {
+    fn new(stem: &'static str) -> Scratch {
+        Scratch {
+            dir: tempfile::tempdir().unwrap(),
+            stem,
+            n: 0,
+        }
+    }
+
+    fn fresh(&mut self) -> PathBuf {
+        self.n += 1;
+        self.dir
+            .path()
+            .join(format!("{}-{}.gguf", self.stem, self.n))
+    }
+}
+
+/// Open `bytes` as a new file, turning a panic into a test failure that
+/// says which input caused it.
 fn open_no_panic(
-    path: &Path,
+    scratch: &mut Scratch,
     bytes: &[u8],
     what: &dyn Fn() -> String,
 ) -> Result<GgufFile, GgufError> {
-    std::fs::write(path, bytes).unwrap();
-    match catch_unwind(AssertUnwindSafe(|| GgufFile::open(path))) {
+    let path = scratch.fresh();
+    std::fs::write(&path, bytes).unwrap();
+    match catch_unwind(AssertUnwindSafe(|| GgufFile::open(&path))) {
         Ok(r) => r,
         Err(_) => panic!("GgufFile::open panicked on {}", what()),
     }
@@ -127,8 +154,7 @@ fn check_accepted(f: &GgufFile, what: &dyn Fn() -> String) {
 fn every_truncation_is_an_error() {
     let full = small_file();
     let data_offset = parse_header(&full).unwrap().data_offset as usize;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cut.gguf");
+    let mut scratch = Scratch::new("cut");
     let mut first_header_ok = None;
     for len in 0..full.len() {
         let cut = &full[..len];
@@ -154,7 +180,7 @@ fn every_truncation_is_an_error() {
                 what()
             );
         }
-        let opened = open_no_panic(&path, cut, &what);
+        let opened = open_no_panic(&mut scratch, cut, &what);
         let e = match opened {
             Ok(_) => panic!("{} opened", what()),
             Err(e) => e,
@@ -178,14 +204,14 @@ fn every_truncation_is_an_error() {
             _ => false,
         };
         assert!(expected, "{}: unexpected error {e:?}", what());
-        assert!(e.to_string().contains("cut.gguf"), "{}: {e}", what());
+        assert!(e.to_string().contains("cut-"), "{}: {e}", what());
     }
     let ok = first_header_ok.expect("the whole header parses");
     assert!(
         ok <= data_offset && ok + 32 > data_offset,
         "header complete at {ok}, data at {data_offset}"
     );
-    let f = open_no_panic(&path, &full, &|| "the full file".into()).unwrap();
+    let f = open_no_panic(&mut scratch, &full, &|| "the full file".into()).unwrap();
     check_accepted(&f, &|| "the full file".into());
 }
 
@@ -224,8 +250,7 @@ fn random_byte_corruption() {
         ];
         write_gguf(&meta, &tensors, 64)
     }];
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("fuzz.gguf");
+    let mut scratch = Scratch::new("fuzz");
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     let (mut accepted, mut refused) = (0u32, 0u32);
     let start = Instant::now();
@@ -258,7 +283,7 @@ fn random_byte_corruption() {
         let what = || format!("iteration {iter} (bytes changed at {edits:?})");
         let t0 = Instant::now();
         let _ = parse_no_panic(&bytes, &what);
-        match open_no_panic(&path, &bytes, &what) {
+        match open_no_panic(&mut scratch, &bytes, &what) {
             Ok(f) => {
                 check_accepted(&f, &what);
                 accepted += 1;
@@ -312,17 +337,35 @@ fn array_of(elem: u32, len: u64) -> Vec<u8> {
 #[track_caller]
 fn refused_quickly(bytes: &[u8], what: &str, check: impl Fn(&GgufError) -> bool) {
     let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "h.gguf", bytes);
+    // Generous for a loaded machine; a reader that trusted any of these
+    // counts would allocate terabytes or loop for minutes.
+    let limit = Duration::from_millis(500);
     let t0 = Instant::now();
     let parsed = parse_header(bytes).map(|_| ()).unwrap_err();
     assert!(check(&parsed), "{what}: {parsed:?}");
-    let path = write_file(dir.path(), "h.gguf", bytes);
     let e = GgufFile::open(&path).unwrap_err();
     assert!(check(inner(&e)), "{what}: {e:?}");
-    assert!(
-        t0.elapsed() < Duration::from_millis(100),
-        "{what} took {:?}",
-        t0.elapsed()
+    assert!(t0.elapsed() < limit, "{what} took {:?}", t0.elapsed());
+}
+
+#[test]
+fn array_elements_past_the_limit_are_refused_before_decoding() {
+    // The bytes are all there (zeros are valid u8 values): only the element
+    // cap stops the reader from building 16M values.
+    let n = MAX_ARRAY_ELEMENTS + 1;
+    let mut value = typed(vt::ARRAY, &array_of(vt::U8, n));
+    value.resize(value.len() + n as usize, 0);
+    let bytes = header_with(0, 1, &kv_bytes("big", &value));
+    refused_quickly(
+        &bytes,
+        "array past the element limit",
+        |e| matches!(e, GgufError::TooManyElements { count, .. } if *count == n),
     );
+    assert!(parse_header(&bytes)
+        .unwrap_err()
+        .to_string()
+        .contains("\"big\""));
 }
 
 #[test]
@@ -451,8 +494,7 @@ fn oracle_bytes(dims: &[u64], type_id: u32) -> Option<u64> {
 
 #[test]
 fn random_tensor_layouts_match_an_oracle() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("layout.gguf");
+    let mut scratch = Scratch::new("layout");
     let mut rng = XorShift(0xdead_beef_cafe_f00d);
     let names = ["w0", "w1", "w2", "w3", "w4", "w5"];
     let (mut accepted, mut refused) = (0u32, 0u32);
@@ -551,7 +593,7 @@ fn random_tensor_layouts_match_an_oracle() {
                 raw.tensors
             )
         };
-        match open_no_panic(&path, &bytes, &what) {
+        match open_no_panic(&mut scratch, &bytes, &what) {
             Ok(f) => {
                 assert!(should_open, "{} was accepted", what());
                 check_accepted(&f, &what);
@@ -590,5 +632,77 @@ fn random_tensor_layouts_match_an_oracle() {
     eprintln!(
         "random_tensor_layouts: {accepted} accepted, {refused} refused in {:?}",
         start.elapsed()
+    );
+}
+
+// ---- split models: corrupt one shard of three ----
+
+#[test]
+fn corrupt_split_shards() {
+    let shard_tensors = [
+        vec![tensor("a", &[32], GgmlType::Q8_0)],
+        vec![tensor("b", &[8], GgmlType::F32)],
+        vec![tensor("c", &[16], GgmlType::F16)],
+    ];
+    let shards: Vec<Vec<u8>> = shard_tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut meta = Vec::new();
+            if i == 0 {
+                meta.push((
+                    "general.architecture".to_string(),
+                    MetaValue::String("llama".into()),
+                ));
+            }
+            meta.push(("split.no".to_string(), MetaValue::U16(i as u16)));
+            meta.push(("split.count".to_string(), MetaValue::U16(3)));
+            meta.push(("split.tensors.count".to_string(), MetaValue::I32(3)));
+            write_gguf(&meta, t, 32)
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = XorShift(0x0123_4567_89ab_cdef);
+    let (mut accepted, mut refused) = (0u32, 0u32);
+    for iter in 0..600u32 {
+        let sub = dir.path().join(iter.to_string());
+        std::fs::create_dir(&sub).unwrap();
+        let victim = rng.below(3) as usize;
+        let mut edits = Vec::new();
+        for (i, base) in shards.iter().enumerate() {
+            let mut bytes = base.clone();
+            if i == victim {
+                let header_len = parse_header(base).unwrap().data_offset;
+                for _ in 0..1 + rng.below(4) {
+                    let at = rng.below(header_len) as usize;
+                    if rng.chance(3) {
+                        let v = HOSTILE[rng.below(HOSTILE.len() as u64) as usize].to_le_bytes();
+                        let end = (at + 8).min(bytes.len());
+                        bytes[at..end].copy_from_slice(&v[..end - at]);
+                    } else {
+                        bytes[at] = rng.next_u64() as u8;
+                    }
+                    edits.push(at);
+                }
+            }
+            write_file(&sub, &format!("m-{:05}-of-00003.gguf", i + 1), &bytes);
+        }
+        let first = sub.join("m-00001-of-00003.gguf");
+        let what = || format!("split iteration {iter}: shard {victim} changed at {edits:?}");
+        match catch_unwind(AssertUnwindSafe(|| GgufFile::open(&first))) {
+            Ok(Ok(f)) => {
+                check_accepted(&f, &what);
+                accepted += 1;
+            }
+            Ok(Err(e)) => {
+                assert!(!e.to_string().is_empty());
+                refused += 1;
+            }
+            Err(_) => panic!("GgufFile::open panicked on {}", what()),
+        }
+    }
+    assert!(
+        accepted > 20 && refused > 300,
+        "accepted {accepted}, refused {refused}"
     );
 }

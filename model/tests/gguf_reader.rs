@@ -583,9 +583,18 @@ fn split_second_shard_is_refused() {
     assert!(matches!(e, GgufError::Split { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(
-        msg.contains("open the first shard") && msg.contains("00001-of-00003"),
+        msg.contains("open the first shard") && msg.contains("m-00001-of-00003.gguf"),
         "{msg}"
     );
+
+    // A shard number at the top of the u64 range is refused the same way.
+    let s = write_split(|i, m, _| {
+        if i == 1 {
+            set(m, "split.no", MetaValue::U64(u64::MAX))
+        }
+    });
+    let e = GgufFile::open(&s.path(2, 3)).unwrap_err();
+    assert!(matches!(e, GgufError::Split { .. }), "{e:?}");
 }
 
 #[test]

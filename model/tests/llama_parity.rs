@@ -160,3 +160,59 @@ fn context_overflow_is_an_error_and_keeps_the_sequence() {
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     assert_eq!(seq.tokens(), &[1, 2, 3]);
 }
+
+/// Exact numerics against an independent float64 NumPy evaluation of the
+/// same GGUF (`fixtures/gen_smollm2_numpy.py`, built on the `gguf` package's
+/// dequantization): every prompt position's top-5 and probe logits. This
+/// checks the forward math itself (RoPE layout, grouped-query attention,
+/// norms, tied output) far more tightly than the llama.cpp comparison can.
+#[test]
+fn exact_numerics_match_float64_reference() {
+    let text = std::fs::read_to_string(common::fixture("smollm2-numpy-f64.json")).expect("fixture");
+    let r: Value = serde_json::from_str(&text).expect("fixture JSON");
+    let file = GgufFile::open(&common::model_path()).expect("open model");
+    let backend = CpuBackend::with_numerics(ds4_kernels::Numerics::Exact);
+    let model = Model::load(&file, &backend).expect("load model");
+    let prompt = ids(&r["token_ids"]);
+    let probe = ids(&r["probe_ids"]);
+    let mut seq = model.new_sequence(&backend, 64);
+    let logits = model
+        .forward(&backend, &mut seq, &prompt, Logits::All)
+        .expect("forward");
+    let n_vocab = model.info().n_vocab;
+    let mut worst = 0.0f32;
+    for p in r["positions"].as_array().unwrap() {
+        let i = p["pos"].as_u64().unwrap() as usize;
+        let row = &logits[i * n_vocab..(i + 1) * n_vocab];
+        let top = p["top5"].as_array().unwrap();
+        assert_eq!(
+            argmax(row),
+            Some(top[0]["id"].as_u64().unwrap() as usize),
+            "position {i}: argmax"
+        );
+        let pairs = top
+            .iter()
+            .map(|t| {
+                (
+                    t["id"].as_u64().unwrap() as usize,
+                    t["logit"].as_f64().unwrap() as f32,
+                )
+            })
+            .chain(
+                probe
+                    .iter()
+                    .zip(p["probe"].as_array().unwrap())
+                    .map(|(&id, l)| (id as usize, l.as_f64().unwrap() as f32)),
+            );
+        for (id, want) in pairs {
+            let diff = (row[id] - want).abs();
+            worst = worst.max(diff);
+            assert!(
+                diff < 5e-4,
+                "position {i} token {id}: {} vs float64 {want}",
+                row[id]
+            );
+        }
+    }
+    eprintln!("largest difference from the float64 reference: {worst:.2e}");
+}

@@ -1,10 +1,10 @@
 //! Causal multi-head attention with grouped KV heads over a per-sequence
 //! KV cache (one contiguous buffer per layer, grown as tokens arrive).
 //!
-//! Cached K and V values are rounded to f16 on write, the precision of
-//! llama.cpp's default F16 cache (and of the CUDA backend's cache), so the
-//! reference backend computes what the fast paths compute. They are kept
-//! as f32 values here for clarity.
+//! With production numerics, cached K and V values are rounded to f16 on
+//! write, the precision of llama.cpp's default F16 cache, so the reference
+//! backend computes what the fast paths compute; with exact numerics they
+//! are kept as computed. Either way they are stored as f32 for clarity.
 
 use rayon::prelude::*;
 
@@ -16,6 +16,8 @@ use crate::backend::{AttentionConfig, BackendError};
 pub struct CpuKvCache {
     kv_dim: usize,
     ctx: usize,
+    /// Round stored values to f16.
+    round_f16: bool,
     /// Positions filled, per layer.
     lens: Vec<usize>,
     k: Vec<Vec<f32>>,
@@ -23,10 +25,11 @@ pub struct CpuKvCache {
 }
 
 impl CpuKvCache {
-    pub fn new(n_layer: usize, kv_dim: usize, ctx: usize) -> CpuKvCache {
+    pub fn new(n_layer: usize, kv_dim: usize, ctx: usize, round_f16: bool) -> CpuKvCache {
         CpuKvCache {
             kv_dim,
             ctx,
+            round_f16,
             lens: vec![0; n_layer],
             k: vec![Vec::new(); n_layer],
             v: vec![Vec::new(); n_layer],
@@ -80,8 +83,13 @@ impl CpuKvCache {
             self.k[layer].resize(end, 0.0);
             self.v[layer].resize(end, 0.0);
         }
-        store_f16(&mut self.k[layer][pos * d..end], k);
-        store_f16(&mut self.v[layer][pos * d..end], v);
+        if self.round_f16 {
+            store_f16(&mut self.k[layer][pos * d..end], k);
+            store_f16(&mut self.v[layer][pos * d..end], v);
+        } else {
+            self.k[layer][pos * d..end].copy_from_slice(k);
+            self.v[layer][pos * d..end].copy_from_slice(v);
+        }
         self.lens[layer] = self.lens[layer].max(pos + 1);
         Ok(())
     }

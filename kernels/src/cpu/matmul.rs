@@ -1,8 +1,11 @@
-//! Quantized matrix multiplication on the CPU, following ggml's CPU path:
-//! each activation row is quantized once to the weight type's
-//! `vec_dot_type`, then every output is one block-wise dot product of a
-//! weight row with an activation row. Work is split over weight rows so
-//! each weight byte is read once per call, whatever the number of tokens.
+//! Matrix multiplication on the CPU.
+//!
+//! Production numerics follow ggml's CPU path: each activation row is
+//! quantized once to the weight type's `vec_dot_type`, then every output
+//! is one block-wise dot product of a weight row with an activation row.
+//! Exact numerics dequantize each weight row to f32 and use unrounded
+//! activations. Either way work is split over weight rows, so each weight
+//! byte is read once per call, whatever the number of tokens.
 
 use rayon::prelude::*;
 
@@ -13,7 +16,7 @@ use crate::quant;
 /// Weight rows per parallel task.
 const ROWS_PER_TASK: usize = 32;
 
-pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), BackendError> {
+fn check(w: &CpuWeight, x: &CpuTensor, out: &CpuTensor) -> Result<(), BackendError> {
     if x.cols != w.cols || out.rows != x.rows || out.cols != w.rows {
         return Err(BackendError::Shape {
             op: "matmul",
@@ -23,6 +26,11 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
             ),
         });
     }
+    Ok(())
+}
+
+pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), BackendError> {
+    check(w, x, out)?;
     let act_type = w.ggml_type.vec_dot_type();
     let act_row = act_type
         .row_bytes(x.cols)
@@ -60,17 +68,52 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
             });
         return Ok(());
     }
-    // Column-major result [w.rows, n]: each task owns a block of weight rows.
+    by_weight_rows(w, n, out, |wrow, col| {
+        for (r, o) in col.iter_mut().enumerate() {
+            *o = quant::vec_dot(ty, k, wrow, &act[r * act_row..(r + 1) * act_row]);
+        }
+    });
+    Ok(())
+}
+
+/// Exact numerics: each weight row dequantized to f32, f32 dot products
+/// with unrounded activations.
+pub fn matmul_exact(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), BackendError> {
+    check(w, x, out)?;
+    // Validate the format once so the parallel loop cannot fail.
+    let mut row = vec![0.0f32; w.cols];
+    quant::dequantize_row(w.ggml_type, w.row(0), &mut row).map_err(|e| {
+        BackendError::BadWeight {
+            name: w.name.clone(),
+            problem: e.to_string(),
+        }
+    })?;
+    by_weight_rows(w, x.rows, out, |wrow, col| {
+        let mut row = vec![0.0f32; w.cols];
+        quant::dequantize_row(w.ggml_type, wrow, &mut row).expect("format validated above");
+        for (r, o) in col.iter_mut().enumerate() {
+            *o = dot_f32(&row, x.row(r));
+        }
+    });
+    Ok(())
+}
+
+/// Fill `out[r, i]` from `f(weight row i, column [n])`: tasks own blocks of
+/// weight rows and write columns of a `[w.rows, n]` buffer, transposed into
+/// `out` at the end.
+fn by_weight_rows(
+    w: &CpuWeight,
+    n: usize,
+    out: &mut CpuTensor,
+    f: impl Fn(&[u8], &mut [f32]) + Sync,
+) {
     let mut t = vec![0.0f32; w.rows * n];
     t.par_chunks_mut(ROWS_PER_TASK * n)
         .enumerate()
         .for_each(|(task, dst)| {
             let base = task * ROWS_PER_TASK;
             for (i, col) in dst.chunks_mut(n).enumerate() {
-                let wrow = w.row(base + i);
-                for (r, o) in col.iter_mut().enumerate() {
-                    *o = quant::vec_dot(ty, k, wrow, &act[r * act_row..(r + 1) * act_row]);
-                }
+                f(w.row(base + i), col);
             }
         });
     for (i, col) in t.chunks(n).enumerate() {
@@ -78,5 +121,22 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
             out.data[r * w.rows + i] = v;
         }
     }
-    Ok(())
+}
+
+/// f32 dot product in eight independent lanes (vectorizes), lanes summed in f64.
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| f64::from(x * y))
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32
 }

@@ -12,7 +12,9 @@ mod matmul;
 mod rope;
 pub mod sampling;
 
-use crate::backend::{AttentionConfig, Backend, BackendError, HostBytes, RopeConfig, WeightSource};
+use crate::backend::{
+    AttentionConfig, Backend, BackendError, HostBytes, Numerics, RopeConfig, WeightSource,
+};
 use crate::quant::{self, GgmlType};
 
 pub use attention::CpuKvCache;
@@ -60,11 +62,22 @@ impl CpuWeight {
 /// The CPU backend. Threads come from rayon's global pool (one per core by
 /// default; `RAYON_NUM_THREADS` overrides).
 #[derive(Clone, Debug, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    numerics: Numerics,
+}
 
 impl CpuBackend {
+    /// The serving configuration ([`Numerics::Production`]).
     pub fn new() -> CpuBackend {
-        CpuBackend
+        CpuBackend::default()
+    }
+
+    pub fn with_numerics(numerics: Numerics) -> CpuBackend {
+        CpuBackend { numerics }
+    }
+
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// Threads the backend computes with.
@@ -156,7 +169,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv_cache(&self, n_layer: usize, kv_dim: usize, ctx: usize) -> CpuKvCache {
-        CpuKvCache::new(n_layer, kv_dim, ctx)
+        CpuKvCache::new(n_layer, kv_dim, ctx, self.numerics == Numerics::Production)
     }
 
     fn kv_truncate(&self, cache: &mut CpuKvCache, len: usize) {
@@ -186,7 +199,10 @@ impl Backend for CpuBackend {
         x: &CpuTensor,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        matmul::matmul(w, x, out)
+        match self.numerics {
+            Numerics::Production => matmul::matmul(w, x, out),
+            Numerics::Exact => matmul::matmul_exact(w, x, out),
+        }
     }
 
     fn rope(&self, x: &mut CpuTensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig) {

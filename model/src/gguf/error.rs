@@ -33,6 +33,19 @@ pub enum GgufError {
         offset: u64,
         remaining: u64,
     },
+    #[error("metadata key {key:?}: the array at offset {offset} brings the header to {count} array elements, more than the reader's limit of {max} (the file is corrupt or hostile)")]
+    TooManyElements {
+        key: String,
+        count: u64,
+        offset: u64,
+        max: u64,
+    },
+    #[error("metadata key {key:?} at offset {offset}: {problem}")]
+    BadValue {
+        key: String,
+        offset: u64,
+        problem: String,
+    },
     #[error("metadata key {key:?} at offset {offset}: unknown value type {type_id}")]
     BadValueType {
         key: String,

@@ -23,6 +23,14 @@ pub fn map_file(path: &Path) -> Result<Arc<Mmap>, GgufError> {
         source,
     };
     let file = File::open(path).map_err(io)?;
+    // Opening a directory succeeds on Unix and mapping it fails with a
+    // cryptic ENODEV; say what is wrong instead.
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a directory?); pass the .gguf file, or the first shard of a split model",
+        )));
+    }
     // SAFETY: the mapping is read-only and model files are not modified while
     // in use (see the module doc); all reads through it are bounds-checked.
     let map = unsafe { Mmap::map(&file) }.map_err(io)?;

@@ -20,7 +20,10 @@ use ds4_kernels::quant::GgmlType;
 use memmap2::Mmap;
 
 pub use error::GgufError;
-pub use parse::{parse_header, Header, RawTensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS};
+pub use parse::{
+    parse_header, Header, RawTensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_ARRAY_ELEMENTS,
+    MAX_DIMS,
+};
 pub use value::{MetaValue, Metadata};
 
 /// One tensor of a (possibly split) model.
@@ -64,9 +67,13 @@ impl Shard {
         &self.map
     }
 
-    /// The header bytes (everything before the data section).
+    /// The header bytes (everything before the data section). A file
+    /// without tensors may end before the padding that would precede its
+    /// data section; then this is the whole file.
     pub fn header_bytes(&self) -> &[u8] {
-        &self.map[..self.data_offset as usize]
+        let end =
+            usize::try_from(self.data_offset).map_or(self.map.len(), |d| d.min(self.map.len()));
+        &self.map[..end]
     }
 
     fn open(path: &Path) -> Result<(Shard, Header), GgufError> {
@@ -166,6 +173,11 @@ impl GgufFile {
     }
 
     /// The bytes of a tensor of this file (checked at open time).
+    ///
+    /// # Panics
+    ///
+    /// If `t` did not come from this file's [`GgufFile::tensors`] (another
+    /// file's tensor, or one built by hand, may lie outside this mapping).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         let start = t.file_offset as usize;
         &self.shards[t.shard].bytes()[start..start + t.n_bytes as usize]

@@ -1,8 +1,10 @@
 //! Parsing of the GGUF header (magic, version, metadata, tensor infos) from
 //! a byte slice. Every read is bounds-checked and every count taken from the
-//! file is checked against the bytes left before anything is allocated, so
-//! a hostile file can neither panic the reader nor make it allocate more
-//! than the file's own size.
+//! file is checked against the bytes left before it is trusted. Nothing is
+//! allocated from a claimed length: vectors grow with the items actually
+//! decoded, and the number of array elements in a header is capped
+//! ([`MAX_ARRAY_ELEMENTS`]), so a hostile file can neither panic the reader
+//! nor make it allocate more than a small multiple of its header's size.
 
 use super::{GgufError, MetaValue, Metadata};
 use ds4_kernels::quant::GgmlType;
@@ -11,6 +13,14 @@ use ds4_kernels::quant::GgmlType;
 pub const MAX_DIMS: usize = 4;
 /// Arrays of arrays deeper than this are refused.
 pub const MAX_ARRAY_DEPTH: usize = 8;
+/// Array elements allowed in one header, over all arrays. A u8 in the file
+/// costs one byte there and a [`MetaValue`] here, so without a cap a large
+/// file could claim arrays whose decoding exhausts memory. Real headers hold
+/// a few million (vocabulary, scores, token types, merges).
+pub const MAX_ARRAY_ELEMENTS: u64 = 1 << 24;
+/// Vectors are preallocated for at most this many items; beyond that they
+/// grow only as items are actually decoded.
+const MAX_PREALLOC: u64 = 1 << 12;
 /// Default `general.alignment`.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 
@@ -42,6 +52,8 @@ pub struct Header {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Array elements still allowed ([`MAX_ARRAY_ELEMENTS`]).
+    elements_left: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -157,11 +169,11 @@ fn read_value(
             match cur.array::<1>("bool value")?[0] {
                 0 => MetaValue::Bool(false),
                 1 => MetaValue::Bool(true),
-                _ => {
-                    return Err(GgufError::BadValueType {
+                b => {
+                    return Err(GgufError::BadValue {
                         key: key.to_string(),
-                        type_id: t::BOOL,
                         offset,
+                        problem: format!("bool byte is {b}, expected 0 or 1"),
                     });
                 }
             }
@@ -182,8 +194,16 @@ fn read_value(
                 offset,
             })?;
             let n = cur.count("array length", min)?;
-            // The count is bounded by the bytes left, so this allocation is too.
-            let mut items = Vec::with_capacity(n as usize);
+            if n > cur.elements_left {
+                return Err(GgufError::TooManyElements {
+                    key: key.to_string(),
+                    count: MAX_ARRAY_ELEMENTS - cur.elements_left + n,
+                    offset,
+                    max: MAX_ARRAY_ELEMENTS,
+                });
+            }
+            cur.elements_left -= n;
+            let mut items = Vec::with_capacity(n.min(MAX_PREALLOC) as usize);
             for _ in 0..n {
                 items.push(read_value(cur, elem_type, key, depth + 1)?);
             }
@@ -202,7 +222,15 @@ fn read_value(
 /// Parse a GGUF header. `buf` is the whole file (or at least its header;
 /// the data section is checked separately by [`check_tensors`]).
 pub fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
-    let mut cur = Cursor { buf, pos: 0 };
+    let mut cur = Cursor {
+        buf,
+        pos: 0,
+        elements_left: MAX_ARRAY_ELEMENTS,
+    };
+    if buf.len() < 4 && b"GGUF".starts_with(buf) {
+        // Empty, or cut inside the magic: say so rather than "bad magic".
+        cur.take(4, "magic")?;
+    }
     let magic = cur.take(4, "magic").map_err(|_| GgufError::BadMagic {
         found: buf[..buf.len().min(4)].to_vec(),
     })?;
@@ -257,7 +285,7 @@ pub fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
         }
     };
 
-    let mut tensors = Vec::with_capacity(n_tensors as usize);
+    let mut tensors = Vec::with_capacity(n_tensors.min(MAX_PREALLOC) as usize);
     for _ in 0..n_tensors {
         tensors.push(read_tensor_info(&mut cur)?);
     }

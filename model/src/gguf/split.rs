@@ -30,23 +30,40 @@ pub fn parse_name(path: &Path) -> Option<(String, u32, u32)> {
 
 /// The paths of shards 2..=N when `first` is the first shard of a split model.
 pub fn other_shards(first: &Path, meta: &Metadata) -> Result<Vec<PathBuf>, GgufError> {
-    let count = meta.get_u64(KEY_COUNT).unwrap_or(1);
-    let no = meta.get_u64(KEY_NO).unwrap_or(0);
+    // A split key of the wrong type is an error, not "not split".
+    let get = |key| match meta.get(key) {
+        None => Ok(None),
+        Some(_) => meta
+            .require_u64(key)
+            .map(Some)
+            .map_err(|e| e.in_file(first)),
+    };
+    let count_key = get(KEY_COUNT)?;
+    let count = count_key.unwrap_or(1);
+    let no = get(KEY_NO)?.unwrap_or(0);
     let by_name = parse_name(first);
     if count <= 1 {
         if let Some((_, n, c)) = by_name.filter(|&(_, _, c)| c > 1) {
+            let found = match count_key {
+                None => format!("has no {KEY_COUNT} key"),
+                Some(k) => format!("has {KEY_COUNT} = {k}"),
+            };
             return Err(err(format!(
-                "{} is named as shard {n} of {c} but has no {KEY_COUNT} key; re-split it with gguf-split",
+                "{} is named as shard {n} of {c} but {found}; re-split it with gguf-split",
                 first.display()
             )));
         }
         return Ok(Vec::new());
     }
     if no != 0 {
+        let first_name = match &by_name {
+            Some((prefix, _, _)) => format!("{prefix}-00001-of-{count:05}.gguf"),
+            None => format!("…-00001-of-{count:05}.gguf"),
+        };
         return Err(err(format!(
-            "{} is shard {} of {count}; open the first shard (…-00001-of-{count:05}.gguf) instead",
+            "{} is shard {} of {count}; open the first shard ({first_name}) instead",
             first.display(),
-            no + 1
+            no.saturating_add(1)
         )));
     }
     if count > 9999 {
