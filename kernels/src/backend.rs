@@ -134,6 +134,13 @@ pub trait Backend: Send + Sync {
 
     fn name(&self) -> &'static str;
 
+    /// Run `f` (a whole forward pass) where the backend's ops run best:
+    /// the CPU backend runs it on one of its compute threads, so that
+    /// sequential ops do not compete with idle workers for cores.
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
     /// Bind a weight (may keep a reference to the host bytes, or upload them).
     fn bind_weight(&self, src: WeightSource) -> Result<Self::Weight, BackendError>;
 

@@ -8,6 +8,7 @@
 
 use rayon::prelude::*;
 
+use super::elementwise::dot_f32;
 use super::CpuTensor;
 use crate::backend::{AttentionConfig, BackendError};
 
@@ -151,7 +152,7 @@ pub fn attention(
             let mut scores: Vec<f32> = (0..n)
                 .map(|t| {
                     let kt = &kc[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
-                    qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * cfg.scale
+                    dot_f32(qh, kt) * cfg.scale
                 })
                 .collect();
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -9,6 +9,7 @@
 
 use rayon::prelude::*;
 
+use super::elementwise::dot_f32;
 use super::{CpuTensor, CpuWeight};
 use crate::backend::BackendError;
 use crate::quant;
@@ -121,22 +122,4 @@ fn by_weight_rows(
             out.data[r * w.rows + i] = v;
         }
     }
-}
-
-/// f32 dot product in eight independent lanes (vectorizes), lanes summed in f64.
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f64 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| f64::from(x * y))
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32
 }

@@ -95,6 +95,12 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // From outside the pool, `scope` hands the closure to a worker and
+        // blocks this thread until it is done.
+        rayon::scope(|_| f())
+    }
+
     fn bind_weight(&self, src: WeightSource) -> Result<CpuWeight, BackendError> {
         let bad = |problem: String| BackendError::BadWeight {
             name: src.name.clone(),

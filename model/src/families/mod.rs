@@ -250,9 +250,10 @@ impl<B: Backend> Model<B> {
             });
         }
         let positions: Vec<u32> = (start..start + tokens.len()).map(|p| p as u32).collect();
-        let result = match &self.inner {
-            FamilyModel::Llama(m) => m.forward(backend, &mut seq.cache, tokens, &positions, want),
-        };
+        let cache = &mut seq.cache;
+        let result = backend.run(|| match &self.inner {
+            FamilyModel::Llama(m) => m.forward(backend, cache, tokens, &positions, want),
+        });
         match result {
             Ok(logits) => {
                 seq.tokens.extend_from_slice(tokens);
