@@ -202,10 +202,11 @@ fn stream_decoder_on_emoji_split_over_tokens() {
         .any(|&id| std::str::from_utf8(tok.token_bytes(id)).is_err()));
 }
 
-/// Construction and encoding speed, printed; the bound on construction is
-/// loose because tests may run unoptimized. Measure in release with
-/// `cargo test --release -p ds4-model --test tokenizer_smollm2 -- --nocapture speed`.
+/// Construction and encoding speed, printed (a benchmark, not a test).
+/// Run in release with
+/// `cargo test --release -p ds4-model --test tokenizer_smollm2 -- --ignored --nocapture speed`.
 #[test]
+#[ignore = "benchmark: prints tokenizer speed"]
 fn speed() {
     let path = model_path();
     let file = GgufFile::open(&path).unwrap();
@@ -251,8 +252,4 @@ fn speed() {
         ));
     }
     println!("{report}");
-    assert!(
-        build.as_secs_f64() < 5.0,
-        "building the tokenizer took {build:?}"
-    );
 }
