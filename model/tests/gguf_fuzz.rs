@@ -485,7 +485,7 @@ fn oracle_bytes(dims: &[u64], type_id: u32) -> Option<u64> {
     }
     let ty = GgmlType::from_id(type_id)?;
     let (bs, ts) = (ty.block_size() as u64, ty.type_size() as u64);
-    if dims[0] % bs != 0 {
+    if !dims[0].is_multiple_of(bs) {
         return None;
     }
     let n = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;

@@ -211,7 +211,10 @@ fn version_2_opens_and_other_versions_are_refused() {
 #[test]
 fn data_offset_when_header_ends_on_and_off_an_alignment_boundary() {
     for alignment in [32u64, 64, 1, 256] {
-        for extra in 0..alignment.min(40) {
+        // Every residue of the header length, so one case ends exactly on
+        // the boundary (and must not get a whole block of padding).
+        let mut on_boundary = 0;
+        for extra in 0..alignment {
             let base = RawGguf {
                 pad_to: alignment,
                 data: (0..16).collect(),
@@ -226,6 +229,10 @@ fn data_offset_when_header_ends_on_and_off_an_alignment_boundary() {
             };
             let header_len = base.header().len() as u64;
             let want = header_len.div_ceil(alignment) * alignment;
+            if header_len.is_multiple_of(alignment) {
+                on_boundary += 1;
+                assert_eq!(want, header_len);
+            }
             let bytes = base.build();
             let h = parse_header(&bytes).unwrap();
             assert_eq!(
@@ -238,6 +245,7 @@ fn data_offset_when_header_ends_on_and_off_an_alignment_boundary() {
                 &(0..16).collect::<Vec<u8>>()[..]
             );
         }
+        assert_eq!(on_boundary, 1, "alignment {alignment}");
     }
 }
 
