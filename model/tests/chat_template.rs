@@ -5,38 +5,13 @@
 //! The model is found through `DS4_TEST_MODEL` or as `ds4.gguf` in a parent
 //! folder of this crate; run `./scripts/fetch-model.sh` to get it.
 
-use std::path::PathBuf;
+mod common;
+use common::model_path;
 
 use ds4_model::gguf::GgufFile;
 use ds4_model::prompt::{ChatMessage, ChatTemplate, PromptError, RenderInput};
 use ds4_model::tokenizer::Tokenizer;
 use serde::Deserialize;
-
-fn model_path() -> PathBuf {
-    const HINT: &str = "run ./scripts/fetch-model.sh from the repository root, or set DS4_TEST_MODEL to a GGUF file";
-    if let Some(p) = std::env::var_os("DS4_TEST_MODEL") {
-        let p = PathBuf::from(p);
-        assert!(
-            p.exists(),
-            "DS4_TEST_MODEL={} does not exist; {HINT}",
-            p.display()
-        );
-        return p;
-    }
-    let manifest_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut dir = Some(manifest_dir);
-    while let Some(d) = dir {
-        let candidate = d.join("ds4.gguf");
-        if candidate.exists() {
-            return candidate;
-        }
-        dir = d.parent();
-    }
-    panic!(
-        "test model ds4.gguf not found in {} or above; {HINT}",
-        manifest_dir.display()
-    );
-}
 
 fn open_model() -> GgufFile {
     let path = model_path();
