@@ -45,7 +45,10 @@ while (($#)); do
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-for v in threads n_prompt n_gen reps; do
+for v in threads reps; do
+  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "error: $v must be a positive integer, got '${!v}'" >&2; exit 2; }
+done
+for v in n_prompt n_gen; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || { echo "error: $v must be a non-negative integer, got '${!v}'" >&2; exit 2; }
 done
 
@@ -73,10 +76,12 @@ llama_bench="$(scripts/lib/build-llamacpp.sh)"
 llama_version="$(cat "$(dirname "$(dirname "$(dirname "$llama_bench")")")/VERSION")"
 
 # --- run -------------------------------------------------------------------
-load="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)"
-if python3 -c "import sys; sys.exit(0 if float('$load') > 0.5 else 1)"; then
-  log "warning: 1-minute load average is $load; other work on this machine skews the numbers"
-fi
+# Other processes on the machine skew both engines (llama.cpp's spinning thread
+# pool suffers most). Measure how much CPU time others took during the run:
+# busy ticks of the whole machine minus the ticks of this script's children.
+busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat 2>/dev/null || echo 0; }
+child_ticks() { awk '{print $16+$17}' "/proc/$$/stat" 2>/dev/null || echo 0; }
+busy0=$(busy_ticks); kids0=$(child_ticks); t0=$(date +%s)
 out="$root/.cache/bench/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
 log "ds4-bench: -p $n_prompt -n $n_gen -r $reps -t $threads on $(basename "$model")"
@@ -90,6 +95,14 @@ if ! "$llama_bench" -m "$model" -p "$n_prompt" -n "$n_gen" -r "$reps" -t "$threa
   tail -n 30 "$out/llamacpp.log" >&2; echo "error: llama-bench failed (log: $out/llamacpp.log)" >&2; exit 1
 fi
 
+busy1=$(busy_ticks); kids1=$(child_ticks); t1=$(date +%s)
+hz=$(getconf CLK_TCK 2>/dev/null || echo 100)
+others=$(( (busy1 - busy0 - (kids1 - kids0)) * 100 / (hz * $(nproc) * (t1 - t0 > 0 ? t1 - t0 : 1)) ))
+((others >= 0)) || others=0
+if ((others > 5)); then
+  log "warning: other processes used ${others}% of the machine during the run; the numbers are skewed, rerun on a quiet machine"
+fi
+
 # --- report ----------------------------------------------------------------
 cpu="$(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || true)"
 [[ -n "$cpu" ]] || cpu="$(uname -m)"
@@ -97,7 +110,7 @@ simd="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | grep -o -w -E 'avx512f|avx
 
 info="machine: $cpu, $(nproc) logical CPUs${simd:+ ($simd)}, $(uname -sm); threads: $threads; \
 date: $(date -u '+%Y-%m-%d %H:%M UTC'); model: $(basename "$model")@@WEIGHTS@@; \
-ds4 $ds4_commit; $llama_version; medians of $reps repetitions"
+ds4 $ds4_commit; $llama_version; medians of $reps repetitions; other load during run: ${others}%"
 
 python3 - "$out/ds4.jsonl" "$out/llamacpp.json" "$info" <<'PY' | tee "$out/table.md"
 import json, sys

@@ -81,6 +81,8 @@ commit="$(cat "$cache/COMMIT")"
 short="${commit:0:7}"
 
 # --- build -----------------------------------------------------------------
+# The sources are not a git checkout, so cmake's git probes print "not a git
+# repository" and ggml reports commit "unknown"; the commit is passed explicitly.
 log "configuring llama.cpp $short (CPU only, GGML_NATIVE=ON) ..."
 cmake -S "$src" -B "$build" \
   -DCMAKE_BUILD_TYPE=Release \
