@@ -69,9 +69,22 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
             });
         return Ok(());
     }
+    let act_of = |r: usize| &act[r * act_row..(r + 1) * act_row];
     by_weight_rows(w, n, out, |wrow, col| {
-        for (r, o) in col.iter_mut().enumerate() {
-            *o = quant::vec_dot(ty, k, wrow, &act[r * act_row..(r + 1) * act_row]);
+        // Four tokens at a time share each unpacked weight block.
+        let mut r = 0;
+        while r + 4 <= n {
+            let four = quant::vec_dot_x4(
+                ty,
+                k,
+                wrow,
+                [act_of(r), act_of(r + 1), act_of(r + 2), act_of(r + 3)],
+            );
+            col[r..r + 4].copy_from_slice(&four);
+            r += 4;
+        }
+        for (i, o) in col[r..].iter_mut().enumerate() {
+            *o = quant::vec_dot(ty, k, wrow, act_of(r + i));
         }
     });
     Ok(())

@@ -46,7 +46,7 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-pub use dot::{dot_isa, simd_dot_types, vec_dot, vec_dot_scalar, DotIsa};
+pub use dot::{dot_isa, simd_dot_types, vec_dot, vec_dot_scalar, vec_dot_x4, DotIsa};
 pub use iq2::{IQ2XXS_GRID, KMASK_IQ2XS, KSIGNS_IQ2XS};
 pub use types::{GgmlType, QuantError};
 
@@ -60,6 +60,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         GgmlType::F32 => float::dequantize_f32(src, dst),
         GgmlType::F16 => float::dequantize_f16(src, dst),
         GgmlType::BF16 => float::dequantize_bf16(src, dst),
+        GgmlType::I32 => float::dequantize_i32(src, dst),
         GgmlType::Q4_0 => q4::dequantize_q4_0(src, dst),
         GgmlType::Q4_1 => q4::dequantize_q4_1(src, dst),
         GgmlType::Q5_0 => q5::dequantize_q5_0(src, dst),
@@ -106,7 +107,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         | GgmlType::Q4_K
         | GgmlType::Q5_K
         | GgmlType::Q6_K
-        | GgmlType::IQ2_XXS => return Err(QuantError::Unsupported { ty }),
+        | GgmlType::IQ2_XXS
+        | GgmlType::I32 => return Err(QuantError::Unsupported { ty }),
     }
     Ok(())
 }

@@ -51,6 +51,8 @@ pub(super) fn install(table: &mut DotTable) {
     table.set_simd(GgmlType::Q8_0, dot_q8_0_q8_0);
     table.set_simd(GgmlType::Q4_K, dot_q4_k_q8_k);
     table.set_simd(GgmlType::Q6_K, dot_q6_k_q8_k);
+    table.set_simd4(GgmlType::Q4_1, dot4_q4_1_q8_1);
+    table.set_simd4(GgmlType::Q8_0, dot4_q8_0_q8_0);
     table.isa = DotIsa::Avx2;
 }
 
@@ -75,6 +77,20 @@ wrapper!(dot_q5_1_q8_1);
 wrapper!(dot_q8_0_q8_0);
 wrapper!(dot_q4_k_q8_k);
 wrapper!(dot_q6_k_q8_k);
+
+/// Declares a private safe wrapper around a four-row AVX2 kernel.
+macro_rules! wrapper4 {
+    ($name:ident) => {
+        fn $name(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+            // SAFETY: as for `wrapper!`: stored only by `install` after the
+            // features were detected; reads are bounded by the slices.
+            unsafe { avx2::$name(w, a) }
+        }
+    };
+}
+
+wrapper4!(dot4_q4_1_q8_1);
+wrapper4!(dot4_q8_0_q8_0);
 
 mod avx2 {
     //! The kernels. Every function here requires AVX2, FMA and F16C, and
@@ -266,6 +282,72 @@ mod avx2 {
             _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc)
         });
         hsum_ps(acc)
+    }
+
+    /// Blocks that a weight row and all four activation rows hold.
+    #[inline(always)]
+    fn blocks4(w: &[u8], wb: usize, a: &[&[u8]; 4], ab: usize) -> usize {
+        a.iter().fold(w.len() / wb, |nb, r| nb.min(r.len() / ab))
+    }
+
+    /// [`dot_q4_1_q8_1`] of one weight row with four activation rows at
+    /// once: the weight block is unpacked once for all four. Each row's
+    /// arithmetic is performed in exactly the single-row order (the same
+    /// two alternating accumulators), so results are bit-identical to it.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot4_q4_1_q8_1(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+        let nb = blocks4(w, Q4_1_BYTES, &a, Q8_1_BYTES);
+        let wp = w.as_ptr();
+        let ap = a.map(|r| r.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        let mut mins = [0f32; 4];
+        for i in 0..nb {
+            // SAFETY: i < nb, so the weight block and each activation block
+            // lie inside their rows.
+            let x = wp.add(i * Q4_1_BYTES);
+            let (dw, mw) = (f16_load(x), f16_load(x.add(2)));
+            let qx = nibbles32(x.add(4));
+            for r in 0..4 {
+                let y = ap[r].add(i * Q8_1_BYTES);
+                mins[r] += mw * f16_load(y.add(2));
+                let d = _mm256_set1_ps(dw * f16_load(y));
+                let q = dot_u8_i8(qx, load256(y.add(4)));
+                acc[r][i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc[r][i & 1]);
+            }
+        }
+        let mut out = [0f32; 4];
+        for r in 0..4 {
+            out[r] = hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1])) + mins[r];
+        }
+        out
+    }
+
+    /// [`dot_q8_0_q8_0`] of one weight row with four activation rows at
+    /// once, bit-identical to four single-row calls.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot4_q8_0_q8_0(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+        let nb = blocks4(w, Q8_0_BYTES, &a, Q8_0_BYTES);
+        let wp = w.as_ptr();
+        let ap = a.map(|r| r.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        for i in 0..nb {
+            // SAFETY: i < nb, so every block read lies inside its row.
+            let x = wp.add(i * Q8_0_BYTES);
+            let dw = f16_load(x);
+            let qx = load256(x.add(2));
+            let ax = _mm256_sign_epi8(qx, qx);
+            for r in 0..4 {
+                let y = ap[r].add(i * Q8_0_BYTES);
+                let d = _mm256_set1_ps(dw * f16_load(y));
+                let q = dot_u8_i8(ax, _mm256_sign_epi8(load256(y.add(2)), qx));
+                acc[r][i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc[r][i & 1]);
+            }
+        }
+        let mut out = [0f32; 4];
+        for r in 0..4 {
+            out[r] = hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1]));
+        }
+        out
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -66,6 +66,35 @@ fn zero_rows_dot_to_zero() {
 }
 
 #[test]
+fn four_row_dots_equal_single_row_dots_bit_for_bit() {
+    // Batched prefill uses vec_dot_x4; it must give exactly what four
+    // vec_dot calls give, or batched and token-by-token logits would drift.
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::F32,
+    ] {
+        for blocks in [1usize, 2, 3, 18, 48] {
+            let n = ty.block_size().max(32) * blocks;
+            let w = quantized(ty, &floats(10 + blocks as u64, n, 1.0));
+            let acts: Vec<Vec<u8>> = (0..4)
+                .map(|r| quantized(ty.vec_dot_type(), &floats(20 + r, n, 3.0)))
+                .collect();
+            let got = vec_dot_x4(ty, n, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+            for r in 0..4 {
+                let want = vec_dot(ty, n, &w, &acts[r]);
+                assert_eq!(
+                    got[r].to_bits(),
+                    want.to_bits(),
+                    "{ty}, {blocks} blocks, row {r}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn vec_dot_reads_only_n_elements() {
     // Slices longer than `n` elements: debug builds reject the mismatch,
     // release builds compute on the first `n` elements only.
