@@ -72,6 +72,8 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     pub text: String,
     pub finish: FinishReason,
+    /// The stop string that ended the generation, if one did.
+    pub stop_string: Option<String>,
     pub timings: Timings,
 }
 
@@ -85,6 +87,32 @@ pub enum GenerateError {
     Model(#[from] ModelError),
 }
 
+/// Log-probabilities of one sampled token under the model's distribution
+/// (before temperature and truncation).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One sampled token as the engine streams it.
+#[derive(Clone, Debug)]
+pub struct TokenStep<'a> {
+    pub token: u32,
+    /// Text that became final with this token (may be empty: held back by
+    /// an incomplete character or a possible stop string).
+    pub text: &'a str,
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// Options beyond [`GenerateRequest`] that only streaming callers use.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StreamOptions {
+    /// Compute log-probabilities with this many alternatives per token.
+    pub logprobs: Option<usize>,
+}
+
 /// Run one generation on `seq`. The longest common prefix of the
 /// sequence's tokens and the prompt is reused; the rest is recomputed.
 /// `on_text` receives text as it becomes final; returning `Break` cancels.
@@ -93,6 +121,26 @@ pub fn generate<B: Backend>(
     seq: &mut Sequence<B>,
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+) -> Result<Generation, GenerateError> {
+    let mut on_step = |s: &TokenStep<'_>| {
+        if s.text.is_empty() {
+            ControlFlow::Continue(())
+        } else {
+            on_text(s.text)
+        }
+    };
+    generate_stream(lm, seq, req, StreamOptions::default(), &mut on_step)
+}
+
+/// [`generate`] reporting every sampled token (with its log-probabilities
+/// when asked); text held back at the end arrives as a final step whose
+/// token is the last one sampled. Returning `Break` cancels.
+pub fn generate_stream<B: Backend>(
+    lm: &LoadedModel<B>,
+    seq: &mut Sequence<B>,
+    req: &GenerateRequest,
+    opts: StreamOptions,
+    on_step: &mut dyn FnMut(&TokenStep<'_>) -> ControlFlow<()>,
 ) -> Result<Generation, GenerateError> {
     let prompt = &req.prompt;
     if prompt.is_empty() {
@@ -134,6 +182,7 @@ pub fn generate<B: Backend>(
         tokens: Vec::new(),
         text: String::new(),
         finish: FinishReason::Length,
+        stop_string: None,
         timings: Timings::default(),
     };
     let mut t_decode = None;
@@ -148,20 +197,29 @@ pub fn generate<B: Backend>(
             break;
         }
         out.tokens.push(token);
+        let lp = opts.logprobs.map(|k| token_logprobs(&logits, token, k));
         let piece = decoder.push(token);
         match stops.push(&piece) {
             StopEvent::Text(t) => {
                 out.text.push_str(&t);
-                if !t.is_empty() && on_text(&t).is_break() {
+                let step = TokenStep {
+                    token,
+                    text: &t,
+                    logprobs: lp,
+                };
+                if on_step(&step).is_break() {
                     out.finish = FinishReason::Cancelled;
                     break;
                 }
             }
-            StopEvent::Stopped { text, .. } => {
+            StopEvent::Stopped { text, stop } => {
                 out.text.push_str(&text);
-                if !text.is_empty() {
-                    let _ = on_text(&text);
-                }
+                out.stop_string = Some(stop);
+                let _ = on_step(&TokenStep {
+                    token,
+                    text: &text,
+                    logprobs: lp,
+                });
                 out.finish = FinishReason::Stop;
                 break;
             }
@@ -176,11 +234,53 @@ pub fn generate<B: Backend>(
         let rest = decoder.finish() + &stops.finish();
         if !rest.is_empty() {
             out.text.push_str(&rest);
-            let _ = on_text(&rest);
+            if let Some(&token) = out.tokens.last() {
+                let _ = on_step(&TokenStep {
+                    token,
+                    text: &rest,
+                    logprobs: None,
+                });
+            }
         }
     }
     timings.generated_tokens = out.tokens.len() + usize::from(out.finish == FinishReason::Stop);
     timings.decode_ms = t_decode.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
     out.timings = timings;
     Ok(out)
+}
+
+/// Log-softmax of `logits` at `token`, plus the `k` most likely tokens.
+pub fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_z = max + sum.ln() as f32;
+    let lp = |i: usize| logits[i] - log_z;
+    let mut top: Vec<(u32, f32)> = Vec::new();
+    if k > 0 {
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        let k = k.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
+        idx.truncate(k);
+        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        top = idx.into_iter().map(|i| (i as u32, lp(i))).collect();
+    }
+    TokenLogprobs {
+        logprob: lp(token as usize),
+        top,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_sorted_alternatives() {
+        let l = [1.0f32, 3.0, 2.0, 0.0];
+        let t = token_logprobs(&l, 2, 2);
+        let z: f32 = l.iter().map(|x| x.exp()).sum();
+        assert!((t.logprob - (2.0f32.exp() / z).ln()).abs() < 1e-5);
+        assert_eq!(t.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert!(token_logprobs(&l, 0, 0).top.is_empty());
+    }
 }

@@ -4,12 +4,19 @@
 //! - [`generate`]: one generation with prefix reuse, stop handling and timings;
 //! - [`sampler`], [`stop`]: token selection and stop strings;
 //! - [`engine`]: the single owner of the model that requests queue to;
-//! - [`api`]: the HTTP surfaces.
+//! - [`tools`], [`reasoning`]: tool-call protocol and reasoning split;
+//! - [`metrics`]: Prometheus metrics;
+//! - [`api`]: the HTTP surfaces;
+//! - [`weights`]: weights imported from the weight owner, or placed standalone.
 
 pub mod api;
 pub mod cli;
 pub mod engine;
 pub mod generate;
+pub mod metrics;
+pub mod reasoning;
 pub mod runtime;
 pub mod sampler;
 pub mod stop;
+pub mod tools;
+pub mod weights;

@@ -1,5 +1,7 @@
 //! A model ready to serve: the mapped GGUF, its family model bound to a
-//! backend, its tokenizer and its chat template.
+//! backend, its tokenizer and its chat template. Weights are bound either
+//! to regions this process placed (standalone) or to regions imported from
+//! the weight owner ([`crate::weights`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,6 +12,8 @@ use ds4_model::gguf::GgufFile;
 use ds4_model::prompt::{ChatMessage, ChatTemplate};
 use ds4_model::tokenizer::Tokenizer;
 use ds4_model::{Model, ModelError};
+
+use crate::weights::Attachment;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -24,6 +28,11 @@ pub enum LoadError {
     Tokenizer {
         path: PathBuf,
         source: ds4_model::tokenizer::TokenizerError,
+    },
+    #[error("model {path}: weights: {source}")]
+    Weights {
+        path: PathBuf,
+        source: Box<crate::weights::WeightsError>,
     },
     #[error("model {path}: chat template: {source}")]
     Template {
@@ -76,7 +85,17 @@ pub struct LoadedModel<B: Backend> {
     pub load_seconds: f64,
 }
 
+/// Where a model's weight bytes come from.
+pub enum WeightBytes<'a> {
+    /// Placed by this process: the owner's region plan, filled from the
+    /// file (byte-identical to what an owner would hold).
+    Standalone,
+    /// Imported from the weight owner.
+    Attached(&'a Attachment),
+}
+
 impl<B: Backend> LoadedModel<B> {
+    /// Load `path` standalone.
     pub fn open(
         path: &Path,
         backend: B,
@@ -87,7 +106,60 @@ impl<B: Backend> LoadedModel<B> {
             path: path.into(),
             source,
         })?;
-        let model = Model::load(&file, &backend).map_err(|source| LoadError::Model {
+        Self::bind(&file, path, WeightBytes::Standalone, backend, model_id, t0)
+    }
+
+    /// Bind to the weights of an attachment (no copy); the attachment's
+    /// model file supplies metadata, tokenizer and template.
+    pub fn attached(
+        att: &Attachment,
+        backend: B,
+        model_id: Option<String>,
+    ) -> Result<LoadedModel<B>, LoadError> {
+        let t0 = Instant::now();
+        let file = att.model_file().map_err(|source| LoadError::Weights {
+            path: att.manifest_path.clone(),
+            source: Box::new(source),
+        })?;
+        Self::bind(
+            file,
+            &att.model_path,
+            WeightBytes::Attached(att),
+            backend,
+            model_id,
+            t0,
+        )
+    }
+
+    fn bind(
+        file: &GgufFile,
+        path: &Path,
+        weights: WeightBytes<'_>,
+        backend: B,
+        model_id: Option<String>,
+        t0: Instant,
+    ) -> Result<LoadedModel<B>, LoadError> {
+        // Validate before placing any bytes.
+        ds4_model::families::detect(file).map_err(|source| LoadError::Model {
+            path: path.into(),
+            source,
+        })?;
+        let bytes = match weights {
+            WeightBytes::Standalone => crate::weights::standalone(file),
+            WeightBytes::Attached(att) => {
+                att.host_bytes().map_err(|source| LoadError::Weights {
+                    path: path.into(),
+                    source: Box::new(source),
+                })?
+            }
+        };
+        let model = Model::load_with(file, &backend, |t| {
+            bytes
+                .get(&t.name)
+                .cloned()
+                .ok_or("no bytes were placed for this tensor")
+        })
+        .map_err(|source| LoadError::Model {
             path: path.into(),
             source,
         })?;

@@ -134,6 +134,12 @@ pub trait Backend: Send + Sync {
 
     fn name(&self) -> &'static str;
 
+    /// How this backend rounds (families that simulate activation rounding
+    /// of their reference engine switch it on only for production numerics).
+    fn numerics(&self) -> Numerics {
+        Numerics::Production
+    }
+
     /// Run `f` (a whole forward pass) where the backend's ops run best:
     /// the CPU backend runs it on one of its compute threads, so that
     /// sequential ops do not compete with idle workers for cores.

@@ -208,3 +208,129 @@ fn read_response(s: TcpStream) -> std::io::Result<Response> {
         body,
     })
 }
+
+/// A running `ds4-weight-server` on the host backend, its manifest and
+/// sockets in a temporary directory; killed (SIGKILL) on drop.
+pub struct Owner {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub manifest: PathBuf,
+}
+
+impl Owner {
+    /// Start the owner on the default model and wait for its manifest.
+    pub fn start(extra: &[&str]) -> Owner {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Traversable by other users (the credential test runs as one).
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("chmod");
+        let manifest = dir.path().join("weights.json");
+        let child = Command::new(binary("ds4-weight-server"))
+            .arg("--base")
+            .arg(model_path())
+            .arg("--manifest")
+            .arg(&manifest)
+            .args(["--backend", "host"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ds4-weight-server");
+        let mut owner = Owner {
+            child: Some(child),
+            dir,
+            manifest,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !owner.manifest.exists() {
+            if let Some(status) = owner
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().expect("wait"))
+            {
+                panic!("ds4-weight-server exited during start-up: {status}");
+            }
+            assert!(Instant::now() < deadline, "no manifest after 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        owner
+    }
+
+    /// SIGKILL the owner and reap it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `ds4-weight-server status --json`.
+    pub fn status(&self) -> serde_json::Value {
+        let out = Command::new(binary("ds4-weight-server"))
+            .args(["status", "--json", "--manifest"])
+            .arg(&self.manifest)
+            .output()
+            .expect("run status");
+        assert!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    /// The manifest path as a string argument.
+    pub fn manifest_arg(&self) -> String {
+        self.manifest.display().to_string()
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Run a binary to completion; (exit code, stdout, stderr).
+pub fn run_to_exit(name: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(binary(name))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run {name}: {e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+impl Server {
+    /// SIGKILL the server and reap it (drop does the same).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// A greedy chat answer to `question`.
+    pub fn ask(&self, question: &str) -> String {
+        let r = self.post_json(
+            "/v1/chat/completions",
+            &serde_json::json!({"messages": [{"role": "user", "content": question}], "temperature": 0}),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        r.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content")
+            .to_string()
+    }
+}

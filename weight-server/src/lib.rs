@@ -1,6 +1,19 @@
 //! The weight owner (`ds4-weight-server`).
 //!
-//! It will open a GGUF, validate its family, place the weights in CUDA VMM
-//! or host shared memory, publish a manifest and hand region file
-//! descriptors to workers. Nothing is implemented here yet; the crate
-//! exists so that the workspace states the architecture.
+//! It opens a GGUF, validates its family, plans regions ([`plan`]), places
+//! the weights in CUDA VMM or sealed host memfds ([`backend`]) while
+//! computing the content identity ([`load`]), starts the fd broker
+//! ([`broker`]) and the gRPC control plane ([`grpc`]) over the lease book
+//! ([`owner`]), then publishes the manifest. [`dryrun`] is the preflight,
+//! [`notify`] the systemd protocol, [`progress`] the load display.
+
+pub mod backend;
+pub mod broker;
+pub mod dryrun;
+pub mod grpc;
+pub mod load;
+pub mod notify;
+pub mod owner;
+pub mod peer;
+pub mod plan;
+pub mod progress;

@@ -1,5 +1,6 @@
-//! The internal API error and its OpenAI envelope
-//! (`{"error": {"message", "type", "param", "code"}}`).
+//! The internal API error and its two envelopes: OpenAI
+//! (`{"error": {"message", "type", "param", "code"}}`) and Anthropic
+//! (`{"type": "error", "error": {"type", "message"}}`).
 
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderValue, StatusCode, Uri};
@@ -28,6 +29,8 @@ pub enum ApiError {
     Busy(String),
     #[error("no route for {0}")]
     NotFound(String),
+    #[error("missing or wrong API key: send Authorization: Bearer KEY or x-api-key: KEY")]
+    Unauthorized,
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -99,6 +102,12 @@ impl ApiError {
                 None,
                 Some("not_found"),
             ),
+            ApiError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                None,
+                Some("invalid_api_key"),
+            ),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
@@ -107,24 +116,72 @@ impl ApiError {
             ),
         }
     }
-}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (status, kind, param, code) = self.parts();
-        if status.is_server_error() {
-            tracing::error!(error = %self, "request failed");
-        } else {
-            tracing::info!(error = %self, status = status.as_u16(), "request refused");
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// A short label for metrics: why the request failed.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "bad_request",
+            ApiError::UnknownModel(_) => "unknown_model",
+            ApiError::ContextLength { .. } => "context_length",
+            ApiError::TooLarge { .. } => "body_too_large",
+            ApiError::Busy(_) => "busy",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::Internal(_) => "internal",
         }
-        let body = Envelope {
+    }
+
+    /// The OpenAI error body.
+    pub fn openai_body(&self) -> serde_json::Value {
+        let (_, kind, param, code) = self.parts();
+        serde_json::to_value(Envelope {
             error: Body {
                 message: self.to_string(),
                 kind,
                 param,
                 code,
             },
+        })
+        .unwrap_or_default()
+    }
+
+    /// The Anthropic error body.
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        let kind = match self {
+            ApiError::BadRequest { .. } | ApiError::ContextLength { .. } => "invalid_request_error",
+            ApiError::UnknownModel(_) | ApiError::NotFound(_) => "not_found_error",
+            ApiError::TooLarge { .. } => "request_too_large",
+            ApiError::Busy(_) => "overloaded_error",
+            ApiError::Unauthorized => "authentication_error",
+            ApiError::Internal(_) => "api_error",
         };
+        serde_json::to_value(AnthropicEnvelope {
+            kind: "error",
+            error: AnthropicBody {
+                kind,
+                message: self.to_string(),
+            },
+        })
+        .unwrap_or_default()
+    }
+
+    /// This error as a response in the Anthropic envelope.
+    pub fn anthropic(self) -> Response {
+        let body = self.anthropic_body();
+        self.respond(body)
+    }
+
+    fn respond(self, body: serde_json::Value) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        } else {
+            tracing::info!(error = %self, status = status.as_u16(), "request refused");
+        }
         let mut resp = (status, Json(body)).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut()
@@ -132,20 +189,39 @@ impl IntoResponse for ApiError {
         }
         resp
     }
-}
 
-impl From<BytesRejection> for ApiError {
-    fn from(r: BytesRejection) -> ApiError {
+    /// A body-reading failure, given the configured size limit.
+    pub fn from_rejection(r: BytesRejection, limit: usize) -> ApiError {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge {
-                limit: super::MAX_BODY_BYTES,
-            }
+            ApiError::TooLarge { limit }
         } else {
             ApiError::BadRequest {
                 message: format!("cannot read request body: {r}"),
                 param: None,
             }
         }
+    }
+}
+
+#[derive(Serialize)]
+struct AnthropicEnvelope<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    error: AnthropicBody<'a>,
+}
+
+#[derive(Serialize)]
+struct AnthropicBody<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    message: String,
+}
+
+/// The OpenAI envelope is the default rendering.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.openai_body();
+        self.respond(body)
     }
 }
 

@@ -1,24 +1,72 @@
 //! HTTP surfaces. Each API has its own module with its own serde wire
 //! types; [`ApiError`] is the one internal error, rendered in each API's
 //! envelope. Only this module knows OpenAI/Anthropic JSON.
+//!
+//! - `openai_chat`: `POST /v1/chat/completions`
+//! - `openai_completions`: `POST /v1/completions`
+//! - `openai_responses`: `POST /v1/responses`
+//! - `anthropic_messages`: `POST /v1/messages`, `/v1/messages/count_tokens`
+//! - `models`: `GET /v1/models`, `/health`; `stats`: `/metrics`, `/v1/stats`
+//! - `convo` (conversations and their rendering) and `run` (engine runs,
+//!   collection, SSE) are shared by the surfaces.
 
+mod anthropic_messages;
+mod convo;
 mod error;
 mod models;
 mod openai_chat;
+mod openai_completions;
+mod openai_responses;
+mod run;
+mod stats;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use axum::extract::DefaultBodyLimit;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use serde::Deserialize;
 
 use crate::engine::EngineHandle;
+use crate::reasoning::Delimiters;
 use crate::runtime::Prompter;
+use crate::sampler::SamplingParams;
 pub use error::ApiError;
 
-/// Largest request body accepted (a long agent conversation fits easily).
+/// Default largest request body (a long agent conversation fits easily).
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// Model names answered by the loaded model whatever its id.
+pub const ALIASES: &[&str] = &["default", "deepseek-v4-flash", "deepseek-v4-pro"];
+
+/// Server settings that shape the HTTP layer.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Required key (`Authorization: Bearer` or `x-api-key`), if any.
+    pub api_key: Option<String>,
+    /// Send permissive CORS headers and answer preflights.
+    pub cors: bool,
+    pub max_body_bytes: usize,
+    /// How the served family marks reasoning, if it does.
+    pub reasoning: Option<Delimiters>,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            api_key: None,
+            cors: false,
+            max_body_bytes: MAX_BODY_BYTES,
+            reasoning: None,
+        }
+    }
+}
 
 /// What every handler can see.
 pub struct AppState {
@@ -30,35 +78,193 @@ pub struct AppState {
     /// Unix time the server started, reported as the model's `created`.
     pub created: u64,
     pub started: Instant,
+    pub api_key: Option<String>,
+    pub cors: bool,
+    pub max_body_bytes: usize,
+    pub reasoning: Option<Delimiters>,
 }
 
 impl AppState {
-    pub fn new(engine: EngineHandle, prompter: Prompter, model_id: String, ctx: usize) -> AppState {
-        let created = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+    pub fn new(
+        engine: EngineHandle,
+        prompter: Prompter,
+        model_id: String,
+        ctx: usize,
+        opts: ServerOptions,
+    ) -> AppState {
         AppState {
             engine,
             prompter,
             model_id,
             ctx,
-            created,
+            created: unix_now(),
             started: Instant::now(),
+            api_key: opts.api_key,
+            cors: opts.cors,
+            max_body_bytes: opts.max_body_bytes,
+            reasoning: opts.reasoning,
         }
     }
 
     /// Whether `requested` names the loaded model (or one of its aliases).
     pub fn serves(&self, requested: &str) -> bool {
-        requested.is_empty() || requested == self.model_id || requested == "default"
+        requested.is_empty() || requested == self.model_id || ALIASES.contains(&requested)
+    }
+
+    /// The request body, or the error for a body we could not read.
+    pub fn body(&self, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+        body.map_err(|r| ApiError::from_rejection(r, self.max_body_bytes))
+    }
+
+    /// Count a request that ended in a JSON answer or error.
+    fn count(&self, surface: &str, r: &Result<Reply, ApiError>) {
+        let m = self.engine.metrics();
+        match r {
+            Ok(Reply::Json(_)) => m.request(surface, "ok"),
+            // Streams are counted when they end.
+            Ok(Reply::Stream(_)) => {}
+            Err(e) => {
+                m.request(surface, e.reason());
+                m.refusal(e.reason());
+            }
+        }
+    }
+}
+
+/// A surface handler's answer.
+pub enum Reply {
+    Json(Response),
+    Stream(Response),
+}
+
+impl Reply {
+    fn into_response(self) -> Response {
+        match self {
+            Reply::Json(r) | Reply::Stream(r) => r,
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Sampling fields common to every surface.
+#[derive(Debug, Default, Deserialize)]
+pub struct SamplingFields {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+}
+
+impl SamplingFields {
+    pub fn params(&self) -> Result<SamplingParams, ApiError> {
+        let d = SamplingParams::default();
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.map_or(d.top_k, |k| k as usize),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            seed: self.seed,
+        };
+        p.validate().map_err(|m| {
+            let param = ["temperature", "top_p", "min_p"]
+                .into_iter()
+                .find(|f| m.starts_with(f))
+                .unwrap_or("temperature");
+            ApiError::bad(m, param)
+        })?;
+        Ok(p)
+    }
+}
+
+/// `stop`: one string or a list of at most 16.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+pub fn stop_list(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+    match stop {
+        None => Ok(Vec::new()),
+        Some(Stop::One(s)) => Ok(vec![s]),
+        Some(Stop::Many(v)) if v.len() <= 16 => Ok(v),
+        Some(Stop::Many(_)) => Err(ApiError::bad("at most 16 stop strings are allowed", "stop")),
     }
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(openai_chat::handle))
+        .route("/v1/completions", post(openai_completions::handle))
+        .route("/v1/responses", post(openai_responses::handle))
+        .route("/v1/messages", post(anthropic_messages::handle))
+        .route(
+            "/v1/messages/count_tokens",
+            post(anthropic_messages::count_tokens),
+        )
         .route("/v1/models", get(models::list))
+        .route("/v1/models/{id}", get(models::one))
         .route("/health", get(models::health))
+        .route("/metrics", get(stats::metrics))
+        .route("/v1/stats", get(stats::stats))
         .fallback(error::not_found)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(from_fn_with_state(state.clone(), guard))
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .with_state(state)
+}
+
+/// API key check and CORS, before any handler.
+async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if state.cors && req.method() == Method::OPTIONS {
+        let mut r = StatusCode::NO_CONTENT.into_response();
+        cors_headers(r.headers_mut());
+        return r;
+    }
+    let path = req.uri().path();
+    let anthropic = path.starts_with("/v1/messages");
+    let mut resp = if path != "/health" && !authorized(&state, req.headers()) {
+        if anthropic {
+            ApiError::Unauthorized.anthropic()
+        } else {
+            ApiError::Unauthorized.into_response()
+        }
+    } else {
+        next.run(req).await
+    };
+    if state.cors {
+        cors_headers(resp.headers_mut());
+    }
+    resp
+}
+
+fn authorized(state: &AppState, h: &HeaderMap) -> bool {
+    let Some(key) = &state.api_key else {
+        return true;
+    };
+    let bearer = h
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
+    bearer == Some(key.as_str()) || x_key == Some(key.as_str())
+}
+
+fn cors_headers(h: &mut HeaderMap) {
+    h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    h.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
+    h.insert(
+        "access-control-allow-headers",
+        HeaderValue::from_static("*"),
+    );
+    h.insert("access-control-max-age", HeaderValue::from_static("86400"));
 }

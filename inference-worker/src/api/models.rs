@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::Json;
 use serde::Serialize;
 
-use super::AppState;
+use super::{ApiError, AppState};
 
 #[derive(Serialize)]
 pub struct ModelList {
@@ -32,6 +32,22 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Json<ModelList> {
             owned_by: "ds4",
         }],
     })
+}
+
+/// `GET /v1/models/{id}`: the loaded model under any name it answers to.
+pub async fn one(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    if !state.serves(&id) {
+        return Err(ApiError::UnknownModel(id));
+    }
+    Ok(Json(ModelCard {
+        id,
+        object: "model",
+        created: state.created,
+        owned_by: "ds4",
+    }))
 }
 
 #[derive(Serialize)]

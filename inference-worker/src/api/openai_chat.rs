@@ -1,20 +1,24 @@
-//! `POST /v1/chat/completions` (OpenAI Chat Completions), non-streaming.
+//! `POST /v1/chat/completions` (OpenAI Chat Completions), JSON and SSE.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ds4_model::prompt::ChatMessage;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
+use super::convo::{self, Conversation, Role, Turn};
 use super::error::parse_json;
-use super::{ApiError, AppState};
-use crate::generate::{FinishReason, GenerateRequest, Generation};
-use crate::runtime::PromptError;
-use crate::sampler::SamplingParams;
+use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
+use super::{stop_list, ApiError, AppState, Reply, SamplingFields, Stop};
+use crate::generate::{FinishReason, TokenLogprobs};
+use crate::runtime::Prompter;
+use crate::tools::{new_call_id, ToolCall, ToolChoice, ToolSpec};
+
+const SURFACE: &str = "chat";
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
@@ -23,15 +27,33 @@ pub struct ChatRequest {
     pub messages: Vec<WireMessage>,
     pub max_tokens: Option<u32>,
     pub max_completion_tokens: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<u32>,
-    pub min_p: Option<f32>,
-    pub seed: Option<u64>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
     pub stop: Option<Stop>,
     #[serde(default)]
     pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub tools: Option<Vec<WireTool>>,
+    pub tool_choice: Option<Value>,
+    pub response_format: Option<ResponseFormat>,
     pub n: Option<u32>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u32>,
+    #[serde(default)]
+    pub return_token_ids: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -39,6 +61,8 @@ pub struct WireMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    #[serde(default)]
+    pub tool_calls: Vec<WireToolCall>,
 }
 
 /// Message content: a string, or an array of parts of which text parts count.
@@ -57,11 +81,267 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
+#[derive(Debug, Deserialize, Serialize)]
+pub struct WireToolCall {
+    pub id: String,
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: WireFunction,
+}
+
+fn function_type() -> String {
+    "function".into()
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+pub struct WireFunction {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: String,
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Stop {
-    One(String),
-    Many(Vec<String>),
+pub struct WireTool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: Option<ToolSpec>,
+}
+
+/// OpenAI's `tool_choice`, shared with the Responses surface.
+pub fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
+    let bad = || {
+        ApiError::bad(
+            "tool_choice must be \"auto\", \"none\", \"required\" or a named function",
+            "tool_choice",
+        )
+    };
+    Ok(match v {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            _ => return Err(bad()),
+        },
+        Some(Value::Object(o)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .or_else(|| o.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(bad)?;
+            ToolChoice::Named(name.to_string())
+        }
+        Some(_) => return Err(bad()),
+    })
+}
+
+fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
+    let mut c = Conversation::default();
+    for (i, m) in req.messages.drain(..).enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            other => {
+                return Err(ApiError::bad(
+                    format!("messages[{i}].role {other:?} is not one of system, developer, user, assistant, tool"),
+                    "messages",
+                ))
+            }
+        };
+        let text = match m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t,
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for (j, p) in parts.into_iter().enumerate() {
+                    match (p.kind.as_str(), p.text) {
+                        ("text", Some(t)) => text.push_str(&t),
+                        (kind, _) => {
+                            return Err(ApiError::bad(
+                                format!("messages[{i}].content[{j}]: part type {kind:?} is not supported (text only)"),
+                                "messages",
+                            ))
+                        }
+                    }
+                }
+                text
+            }
+        };
+        let mut turn = Turn::new(role, text);
+        turn.calls = m
+            .tool_calls
+            .into_iter()
+            .map(|c| ToolCall {
+                id: c.id,
+                name: c.function.name,
+                arguments: c.function.arguments,
+            })
+            .collect();
+        c.turns.push(turn);
+    }
+    c.tools = req
+        .tools
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.kind == "function")
+        .filter_map(|t| t.function)
+        .collect();
+    c.choice = tool_choice(req.tool_choice.as_ref())?;
+    Ok(c)
+}
+
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = inner(state.clone(), body).await;
+    state.count(SURFACE, &r);
+    match r {
+        Ok(reply) => reply.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn inner(
+    state: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Reply, ApiError> {
+    let mut req: ChatRequest = parse_json(&state.body(body)?)?;
+    if !state.serves(&req.model) {
+        return Err(ApiError::UnknownModel(req.model));
+    }
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad("only n = 1 is supported", "n"));
+    }
+    if let Some(f) = &req.response_format {
+        if f.kind != "text" {
+            return Err(ApiError::bad(
+                format!("response_format {:?} is not supported yet (structured output is not implemented); use \"text\"", f.kind),
+                "response_format",
+            ));
+        }
+    }
+    let sampling = req.sampling.params()?;
+    let stop = stop_list(req.stop.take())?;
+    let convo = conversation(&mut req)?;
+    let prompter = state.prompter.clone();
+    let rendered = tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "call_"))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let logprobs = req
+        .logprobs
+        .then(|| req.top_logprobs.unwrap_or(0).min(20) as usize);
+    let prompt_ids = req.return_token_ids.then(|| rendered.tokens.clone());
+    let job = Job {
+        prompt: rendered.tokens,
+        max_tokens: req.max_completion_tokens.or(req.max_tokens),
+        sampling,
+        stop,
+        logprobs,
+        tools: rendered.tools,
+    };
+    let run = run::start(&state, job)?;
+    let id = new_call_id("chatcmpl-");
+    let created = super::unix_now();
+    if req.stream {
+        let shape = ChatStream {
+            id,
+            created,
+            model: state.model_id.clone(),
+            prompter: logprobs.map(|_| state.prompter.clone()),
+            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+            calls: 0,
+        };
+        return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
+    }
+    let (c, f) = run::collect(run).await?;
+    let logprobs = logprobs.map(|_| LogprobsOut {
+        content: c
+            .tokens
+            .iter()
+            .filter_map(|(id, lp)| lp.as_ref().map(|lp| entry(&state.prompter, *id, lp)))
+            .collect(),
+    });
+    let token_ids = req
+        .return_token_ids
+        .then(|| c.tokens.iter().map(|t| t.0).collect());
+    let content = if c.text.is_empty() && !c.calls.is_empty() {
+        None
+    } else {
+        Some(c.text)
+    };
+    let resp = ChatResponse {
+        id,
+        object: "chat.completion",
+        created,
+        model: state.model_id.clone(),
+        choices: vec![Choice {
+            index: 0,
+            message: OutMessage {
+                role: "assistant",
+                content,
+                reasoning_content: (!c.reasoning.is_empty()).then_some(c.reasoning),
+                tool_calls: c.calls.into_iter().map(wire_call).collect(),
+            },
+            finish_reason: finish_reason(&f),
+            logprobs,
+            token_ids,
+        }],
+        usage: usage(&f),
+        timings: f.timings_out(),
+        prompt_token_ids: prompt_ids,
+    };
+    Ok(Reply::Json(Json(resp).into_response()))
+}
+
+fn wire_call(c: ToolCall) -> WireToolCall {
+    WireToolCall {
+        id: c.id,
+        kind: "function".into(),
+        function: WireFunction {
+            name: c.name,
+            arguments: c.arguments,
+        },
+    }
+}
+
+fn finish_reason(f: &Finish) -> &'static str {
+    if f.calls > 0 {
+        return "tool_calls";
+    }
+    match f.reason {
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+fn usage(f: &Finish) -> Usage {
+    Usage {
+        prompt_tokens: f.prompt_tokens(),
+        completion_tokens: f.completion_tokens(),
+        total_tokens: f.prompt_tokens() + f.completion_tokens(),
+        prompt_tokens_details: PromptDetails {
+            cached_tokens: f.timings.cached_tokens,
+        },
+    }
+}
+
+fn entry(p: &Prompter, id: u32, lp: &TokenLogprobs) -> LogprobEntry {
+    let alt = |id: u32, logprob: f32| TopLogprob {
+        token: p.tokenizer.decode(&[id]),
+        logprob,
+        bytes: p.tokenizer.token_bytes(id).to_vec(),
+    };
+    LogprobEntry {
+        token: p.tokenizer.decode(&[id]),
+        logprob: lp.logprob,
+        bytes: p.tokenizer.token_bytes(id).to_vec(),
+        top_logprobs: lp.top.iter().map(|&(t, l)| alt(t, l)).collect(),
+    }
 }
 
 #[derive(Serialize)]
@@ -73,6 +353,8 @@ pub struct ChatResponse {
     choices: Vec<Choice>,
     usage: Usage,
     timings: TimingsOut,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Serialize)]
@@ -80,13 +362,39 @@ struct Choice {
     index: u32,
     message: OutMessage,
     finish_reason: &'static str,
-    logprobs: Option<()>,
+    logprobs: Option<LogprobsOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Serialize)]
 struct OutMessage {
     role: &'static str,
-    content: String,
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<WireToolCall>,
+}
+
+#[derive(Serialize)]
+struct LogprobsOut {
+    content: Vec<LogprobEntry>,
+}
+
+#[derive(Serialize)]
+struct LogprobEntry {
+    token: String,
+    logprob: f32,
+    bytes: Vec<u8>,
+    top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Serialize)]
+struct TopLogprob {
+    token: String,
+    logprob: f32,
+    bytes: Vec<u8>,
 }
 
 #[derive(Serialize)]
@@ -102,178 +410,217 @@ struct PromptDetails {
     cached_tokens: usize,
 }
 
-/// Server-side timings of the request.
+/// The streaming shape: `chat.completion.chunk`s, then `[DONE]`.
+struct ChatStream {
+    id: String,
+    created: u64,
+    model: String,
+    /// For log-probabilities, when asked for.
+    prompter: Option<Prompter>,
+    include_usage: bool,
+    calls: usize,
+}
+
 #[derive(Serialize)]
-struct TimingsOut {
-    ttft_ms: f64,
-    prompt_tokens: usize,
-    cached_tokens: usize,
-    prefill_tokens_per_s: f64,
-    decode_tokens_per_s: f64,
+struct Chunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timings: Option<TimingsOut>,
 }
 
-/// Roles a message may have.
-const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
+#[derive(Serialize)]
+struct ChunkChoice {
+    index: u32,
+    delta: Value,
+    finish_reason: Option<&'static str>,
+    logprobs: Option<LogprobsOut>,
+}
 
-fn to_messages(wire: Vec<WireMessage>) -> Result<Vec<ChatMessage>, ApiError> {
-    if wire.is_empty() {
-        return Err(ApiError::bad("messages must not be empty", "messages"));
+impl ChatStream {
+    fn chunk(&self, delta: Value, finish: Option<&'static str>, lp: Option<LogprobsOut>) -> Frame {
+        run::event(
+            None,
+            &Chunk {
+                id: &self.id,
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: &self.model,
+                choices: vec![ChunkChoice {
+                    index: 0,
+                    delta,
+                    finish_reason: finish,
+                    logprobs: lp,
+                }],
+                usage: None,
+                timings: None,
+            },
+        )
     }
-    wire.into_iter()
-        .enumerate()
-        .map(|(i, m)| {
-            if !ROLES.contains(&m.role.as_str()) {
-                return Err(ApiError::bad(
-                    format!("messages[{i}].role {:?} is not one of {}", m.role, ROLES.join(", ")),
-                    "messages",
-                ));
-            }
-            let content = match m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t,
-                Some(Content::Parts(parts)) => {
-                    let mut text = String::new();
-                    for (j, p) in parts.into_iter().enumerate() {
-                        match (p.kind.as_str(), p.text) {
-                            ("text", Some(t)) => text.push_str(&t),
-                            (kind, _) => {
-                                return Err(ApiError::bad(
-                                    format!("messages[{i}].content[{j}]: part type {kind:?} is not supported (text only)"),
-                                    "messages",
-                                ))
-                            }
-                        }
+}
+
+impl Shape for ChatStream {
+    fn start(&mut self) -> Vec<Frame> {
+        vec![self.chunk(
+            serde_json::json!({"role": "assistant", "content": ""}),
+            None,
+            None,
+        )]
+    }
+
+    fn deltas(&mut self, deltas: Vec<Delta>) -> Vec<Frame> {
+        let mut out = Vec::new();
+        let mut lps = Vec::new();
+        let mut text = String::new();
+        for d in deltas {
+            match d {
+                Delta::Token { id, logprobs } => {
+                    if let (Some(lp), Some(p)) = (logprobs, &self.prompter) {
+                        lps.push(entry(p, id, &lp));
                     }
-                    text
                 }
-            };
-            // Templates without a developer role get it as system.
-            let role = if m.role == "developer" { "system".to_string() } else { m.role };
-            Ok(ChatMessage { role, content })
-        })
-        .collect()
-}
-
-fn sampling(req: &ChatRequest) -> Result<SamplingParams, ApiError> {
-    let d = SamplingParams::default();
-    let p = SamplingParams {
-        temperature: req.temperature.unwrap_or(d.temperature),
-        top_k: req.top_k.map_or(d.top_k, |k| k as usize),
-        top_p: req.top_p.unwrap_or(d.top_p),
-        min_p: req.min_p.unwrap_or(d.min_p),
-        seed: req.seed,
-    };
-    p.validate().map_err(|m| ApiError::bad(m, "temperature"))?;
-    Ok(p)
-}
-
-pub async fn handle(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<ChatResponse>, ApiError> {
-    let req: ChatRequest = parse_json(&body?)?;
-    if !state.serves(&req.model) {
-        return Err(ApiError::UnknownModel(req.model));
-    }
-    if req.stream {
-        return Err(ApiError::bad(
-            "streaming is not supported by this server yet; send stream: false",
-            "stream",
-        ));
-    }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("only n = 1 is supported", "n"));
-    }
-    let sampling = sampling(&req)?;
-    let stop = match req.stop {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s],
-        Some(Stop::Many(v)) if v.len() <= 16 => v,
-        Some(Stop::Many(_)) => {
-            return Err(ApiError::bad("at most 16 stop strings are allowed", "stop"))
+                Delta::Reasoning(r) => {
+                    out.push(self.chunk(serde_json::json!({"reasoning_content": r}), None, None))
+                }
+                Delta::Text(t) => text.push_str(&t),
+                Delta::Call(c) => {
+                    let index = self.calls;
+                    self.calls += 1;
+                    out.push(self.chunk(
+                        serde_json::json!({"tool_calls": [{"index": index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]}),
+                        None,
+                        None,
+                    ));
+                    out.push(self.chunk(
+                        serde_json::json!({"tool_calls": [{"index": index, "function": {"arguments": c.arguments}}]}),
+                        None,
+                        None,
+                    ));
+                }
+            }
         }
-    };
-    let messages = to_messages(req.messages)?;
-    let prompter = state.prompter.clone();
-    let (_, prompt) = tokio::task::spawn_blocking(move || prompter.chat_prompt(&messages))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(|e| match e {
-            PromptError::Template(t) => ApiError::bad(
-                format!("the chat template refused the messages: {t}"),
-                "messages",
-            ),
-            other => ApiError::Internal(other.to_string()),
-        })?;
-    if prompt.len() >= state.ctx {
-        return Err(ApiError::ContextLength {
-            prompt: prompt.len(),
-            ctx: state.ctx,
-        });
+        if !text.is_empty() || !lps.is_empty() {
+            let lp = (!lps.is_empty()).then_some(LogprobsOut { content: lps });
+            out.insert(
+                0,
+                self.chunk(serde_json::json!({"content": text}), None, lp),
+            );
+        }
+        out
     }
-    let room = state.ctx - prompt.len();
-    let max_tokens = req
-        .max_completion_tokens
-        .or(req.max_tokens)
-        .map_or(room, |m| (m as usize).min(room));
-    if max_tokens == 0 {
-        return Err(ApiError::bad("max_tokens must be at least 1", "max_tokens"));
-    }
-    let rx = state.engine.submit(GenerateRequest {
-        prompt,
-        max_tokens,
-        sampling,
-        stop,
-    })?;
-    let generation = rx
-        .await
-        .map_err(|_| ApiError::Internal("the engine dropped the request".into()))??;
-    Ok(Json(response(&state, generation)))
-}
 
-fn response(state: &AppState, g: Generation) -> ChatResponse {
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let t = &g.timings;
-    ChatResponse {
-        id: format!("chatcmpl-{}", uuid_like()),
-        object: "chat.completion",
-        created,
-        model: state.model_id.clone(),
-        choices: vec![Choice {
-            index: 0,
-            message: OutMessage {
-                role: "assistant",
-                content: g.text.clone(),
-            },
-            finish_reason: match g.finish {
-                FinishReason::Stop | FinishReason::Cancelled => "stop",
-                FinishReason::Length => "length",
-            },
-            logprobs: None,
-        }],
-        usage: Usage {
-            prompt_tokens: t.prompt_tokens,
-            completion_tokens: t.generated_tokens,
-            total_tokens: t.prompt_tokens + t.generated_tokens,
-            prompt_tokens_details: PromptDetails {
-                cached_tokens: t.cached_tokens,
-            },
-        },
-        timings: TimingsOut {
-            ttft_ms: t.ttft_ms(),
-            prompt_tokens: t.prompt_tokens,
-            cached_tokens: t.cached_tokens,
-            prefill_tokens_per_s: t.prefill_tps(),
-            decode_tokens_per_s: t.decode_tps(),
-        },
+    fn finish(&mut self, f: &Finish) -> Vec<Frame> {
+        let mut out = vec![self.chunk(serde_json::json!({}), Some(finish_reason(f)), None)];
+        if self.include_usage {
+            out.push(run::event(
+                None,
+                &Chunk {
+                    id: &self.id,
+                    object: "chat.completion.chunk",
+                    created: self.created,
+                    model: &self.model,
+                    choices: Vec::new(),
+                    usage: Some(usage(f)),
+                    timings: Some(f.timings_out()),
+                },
+            ));
+        }
+        out.push(run::done());
+        out
+    }
+
+    fn error(&mut self, e: &ApiError) -> Vec<Frame> {
+        vec![run::event(None, &e.openai_body()), run::done()]
     }
 }
 
-/// A random 24-hex-digit id.
-fn uuid_like() -> String {
-    use rand::Rng;
-    let v: u128 = rand::rng().random();
-    format!("{:024x}", v >> 32)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::run::testing::{drive, envelope_run};
+
+    #[tokio::test]
+    async fn streamed_tool_calls_have_the_chat_chunk_shape() {
+        let shape = ChatStream {
+            id: "chatcmpl-1".into(),
+            created: 1,
+            model: "m".into(),
+            prompter: None,
+            include_usage: true,
+            calls: 0,
+        };
+        let frames = drive(envelope_run(None), shape).await;
+        assert!(frames.iter().all(|f| f.event.is_none()));
+        assert_eq!(frames.last().unwrap().data, "[DONE]");
+        let chunks: Vec<Value> = frames[..frames.len() - 1]
+            .iter()
+            .map(|f| serde_json::from_str(&f.data).unwrap())
+            .collect();
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, "Let me check.\n");
+        let calls: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+            .collect();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0][0]["index"], 0);
+        assert!(calls[0][0]["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+        assert_eq!(calls[1][0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+        let n = chunks.len();
+        assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(chunks[n - 1]["choices"].as_array().unwrap().len(), 0);
+        assert_eq!(chunks[n - 1]["usage"]["completion_tokens"], 9);
+    }
+
+    #[tokio::test]
+    async fn an_error_after_the_stream_started_is_an_error_chunk() {
+        let shape = ChatStream {
+            id: "chatcmpl-1".into(),
+            created: 1,
+            model: "m".into(),
+            prompter: None,
+            include_usage: true,
+            calls: 0,
+        };
+        let frames = drive(crate::api::run::testing::failing_run(&["Hi"]), shape).await;
+        let n = frames.len();
+        assert_eq!(frames[n - 1].data, "[DONE]");
+        let err: Value = serde_json::from_str(&frames[n - 2].data).unwrap();
+        assert_eq!(err["error"]["type"], "server_error");
+    }
+
+    #[tokio::test]
+    async fn reasoning_goes_out_as_reasoning_content() {
+        let shape = ChatStream {
+            id: "chatcmpl-1".into(),
+            created: 1,
+            model: "m".into(),
+            prompter: None,
+            include_usage: false,
+            calls: 0,
+        };
+        let frames = drive(crate::api::run::testing::thinking_run(), shape).await;
+        let chunks: Vec<Value> = frames[..frames.len() - 1]
+            .iter()
+            .map(|f| serde_json::from_str(&f.data).unwrap())
+            .collect();
+        let field = |k: &str| -> String {
+            chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"][k].as_str())
+                .collect()
+        };
+        assert_eq!(field("reasoning_content"), "France's capital is Paris.");
+        assert_eq!(field("content"), "Paris.");
+    }
 }

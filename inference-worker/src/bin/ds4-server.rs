@@ -5,14 +5,16 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use ds4_inference_worker::api::{router, AppState};
+use ds4_inference_worker::api::{router, AppState, ServerOptions};
 use ds4_inference_worker::cli::{init_logging, ModelArgs};
 use ds4_inference_worker::engine;
-use ds4_inference_worker::runtime::LoadedModel;
+use ds4_inference_worker::metrics::Metrics;
+use ds4_inference_worker::reasoning;
+use ds4_inference_worker::weights::{explicit_model, WeightsArgs};
 use ds4_kernels::CpuBackend;
 
-/// Serve a GGUF model over HTTP: POST /v1/chat/completions, GET /v1/models,
-/// GET /health.
+/// Serve a GGUF model over HTTP: POST /v1/chat/completions, /v1/completions,
+/// /v1/responses, /v1/messages; GET /v1/models, /health, /metrics, /v1/stats.
 ///
 /// Example: ds4-server -m ./ds4.gguf --port 8000, then
 /// curl http://127.0.0.1:8000/v1/chat/completions -H 'content-type: application/json'
@@ -35,16 +37,39 @@ struct Cli {
     /// Model id reported by /v1/models (default: derived from the file name).
     #[arg(long, env = "DS4_MODEL_ID")]
     model_id: Option<String>,
+    /// Require this key on every endpoint but /health, sent as
+    /// `Authorization: Bearer KEY` or `x-api-key: KEY`.
+    #[arg(long, env = "DS4_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Send CORS headers (any origin) and answer preflight requests.
+    #[arg(long, env = "DS4_CORS")]
+    cors: bool,
+    /// Largest request body accepted, in MiB.
+    #[arg(long, env = "DS4_MAX_BODY_MB", default_value_t = 32)]
+    max_body_mb: usize,
+    #[command(flatten)]
+    weights: WeightsArgs,
 }
 
 fn main() -> anyhow::Result<()> {
     init_logging("info");
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
+    let explicit_model = explicit_model(&matches, "model");
+    if cli.weights.weights_check {
+        println!("{}", cli.weights.check(explicit_model)?);
+        return Ok(());
+    }
     cli.model.init_threads();
     let addr: SocketAddr = format!("{}:{}", cli.host, cli.port)
         .parse()
         .with_context(|| format!("invalid listen address {}:{}", cli.host, cli.port))?;
-    let lm = LoadedModel::open(&cli.model.model, CpuBackend::new(), cli.model_id.clone())?;
+    let (lm, weights) = cli.weights.load(
+        &cli.model.model,
+        explicit_model,
+        CpuBackend::new(),
+        cli.model_id.clone(),
+    )?;
     let info = lm.model.info().clone();
     let ctx = cli.ctx.unwrap_or(info.n_ctx_train.min(8192)).max(16);
     tracing::info!(
@@ -61,8 +86,14 @@ fn main() -> anyhow::Result<()> {
     );
     let prompter = lm.prompter.clone();
     let model_id = lm.model_id.clone();
-    let handle = engine::spawn(lm, ctx);
-    let state = Arc::new(AppState::new(handle, prompter, model_id, ctx));
+    let handle = engine::spawn(lm, ctx, Arc::new(Metrics::new()));
+    let opts = ServerOptions {
+        api_key: cli.api_key.clone().filter(|k| !k.is_empty()),
+        cors: cli.cors,
+        max_body_bytes: cli.max_body_mb.max(1) * 1024 * 1024,
+        reasoning: reasoning::delimiters_for(info.family),
+    };
+    let state = Arc::new(AppState::new(handle, prompter, model_id, ctx, opts));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -77,7 +108,9 @@ fn main() -> anyhow::Result<()> {
             .await?;
         tracing::info!("shut down");
         anyhow::Ok(())
-    })
+    })?;
+    drop(weights);
+    Ok(())
 }
 
 async fn shutdown_signal() {

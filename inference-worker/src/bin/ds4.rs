@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
@@ -11,9 +11,10 @@ use ds4_inference_worker::generate::{generate, GenerateRequest, Generation};
 use ds4_inference_worker::runtime::LoadedModel;
 use ds4_inference_worker::sampler::SamplingParams;
 use ds4_kernels::cpu::sampling::top_k;
-use ds4_kernels::CpuBackend;
+use ds4_kernels::{CpuBackend, Numerics};
+use ds4_model::gguf::GgufFile;
 use ds4_model::prompt::ChatMessage;
-use ds4_model::Logits;
+use ds4_model::{Logits, Model};
 use serde::Serialize;
 
 /// Generate text with a GGUF model on the CPU.
@@ -61,6 +62,108 @@ struct Cli {
     /// after the prompt as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     dump_logits: Option<PathBuf>,
+    /// Evaluate the token ids in FILE (comma- or whitespace-separated) as
+    /// one prefill, or one token at a time with --decode, and write every
+    /// position's logits to --logits-json (no chat template, no sampling).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "DS4_TOKENS_FILE",
+        requires = "logits_json"
+    )]
+    tokens_file: Option<PathBuf>,
+    /// Where --tokens-file writes its logits: {"tokens": [...],
+    /// "positions": [{"pos", "token", "argmax", "logits": [...]}]}.
+    #[arg(
+        long,
+        value_name = "OUT",
+        env = "DS4_LOGITS_JSON",
+        requires = "tokens_file"
+    )]
+    logits_json: Option<PathBuf>,
+    /// With --tokens-file: feed the tokens one by one (decode steps).
+    #[arg(long, requires = "tokens_file")]
+    decode: bool,
+    /// Exact numerics: weights dequantized to f32, f32 activations and
+    /// caches, no activation rounding. For comparisons with float
+    /// reference implementations; slower than the default.
+    #[arg(long, env = "DS4_EXACT_NUMERICS")]
+    exact_numerics: bool,
+}
+
+#[derive(Serialize)]
+struct PositionLogits {
+    pos: usize,
+    token: u32,
+    argmax: usize,
+    logits: Vec<f32>,
+}
+
+#[derive(Serialize)]
+struct LogitsJson {
+    tokens: Vec<u32>,
+    positions: Vec<PositionLogits>,
+}
+
+/// `--tokens-file`: logits for every position of a fixed token sequence.
+fn eval_tokens(
+    cli: &Cli,
+    backend: CpuBackend,
+    tokens_file: &Path,
+    out: &Path,
+) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(tokens_file)
+        .with_context(|| format!("reading {}", tokens_file.display()))?;
+    let tokens = text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .with_context(|| format!("{}: {t:?} is not a token id", tokens_file.display()))
+        })
+        .collect::<anyhow::Result<Vec<u32>>>()?;
+    anyhow::ensure!(
+        !tokens.is_empty(),
+        "{} holds no token ids",
+        tokens_file.display()
+    );
+    let file = GgufFile::open(&cli.model.model)
+        .with_context(|| format!("opening {}", cli.model.model.display()))?;
+    let model = Model::load(&file, &backend)?;
+    let n_vocab = model.info().n_vocab;
+    let mut seq = model.new_sequence(&backend, tokens.len().max(cli.ctx));
+    let logits = if cli.decode {
+        let mut all = Vec::with_capacity(tokens.len() * n_vocab);
+        for &t in &tokens {
+            all.extend(model.forward(&backend, &mut seq, &[t], Logits::Last)?);
+        }
+        all
+    } else {
+        model.forward(&backend, &mut seq, &tokens, Logits::All)?
+    };
+    let positions = logits
+        .chunks_exact(n_vocab)
+        .zip(&tokens)
+        .enumerate()
+        .map(|(pos, (row, &token))| PositionLogits {
+            pos,
+            token,
+            argmax: row
+                .iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+                )
+                .0,
+            logits: row.to_vec(),
+        })
+        .collect();
+    let json = LogitsJson { tokens, positions };
+    std::fs::write(out, serde_json::to_vec(&json)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    eprintln!("wrote {}", out.display());
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -79,7 +182,15 @@ fn main() -> anyhow::Result<()> {
     init_logging("warn");
     let cli = Cli::parse();
     cli.model.init_threads();
-    let lm = LoadedModel::open(&cli.model.model, CpuBackend::new(), None)?;
+    let backend = if cli.exact_numerics {
+        CpuBackend::with_numerics(Numerics::Exact)
+    } else {
+        CpuBackend::new()
+    };
+    if let (Some(tokens_file), Some(out)) = (&cli.tokens_file, &cli.logits_json) {
+        return eval_tokens(&cli, backend, tokens_file, out);
+    }
+    let lm = LoadedModel::open(&cli.model.model, backend, None)?;
     let sampling = SamplingParams {
         temperature: cli.temperature,
         top_k: cli.top_k,
@@ -232,4 +343,91 @@ fn chat(cli: &Cli, lm: &LoadedModel<CpuBackend>, sampling: SamplingParams) -> an
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_model() -> Option<PathBuf> {
+        let dir = std::env::var_os("DS4_TINY_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/ds4-tiny")
+            });
+        let p = dir.join("ds4-tiny.gguf");
+        p.exists().then_some(p)
+    }
+
+    /// `--tokens-file` / `--logits-json` on the miniature DeepSeek V4 model
+    /// in exact numerics, prefill and decode, against llama.cpp's logits.
+    #[test]
+    fn tokens_file_writes_the_reference_json_shape() {
+        let model = tiny_model().expect(
+            "run ./scripts/gen-ds4-tiny.sh (or ./scripts/test.sh) first, or set DS4_TINY_DIR",
+        );
+        let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../model/tests/fixtures/deepseek4/logits-f32-64.trim.json");
+        let reference: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+        let tokens: Vec<u64> = reference["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let tokens_file = dir.path().join("tokens.txt");
+        // Mixed separators, as the flag documents.
+        let text: Vec<String> = tokens.iter().map(u64::to_string).collect();
+        std::fs::write(
+            &tokens_file,
+            format!("{}\n{}", text[..10].join(","), text[10..].join(" ")),
+        )
+        .unwrap();
+        for decode in [false, true] {
+            let out = dir.path().join(format!("out-{decode}.json"));
+            let mut args = vec![
+                "ds4".to_string(),
+                "-m".into(),
+                model.display().to_string(),
+                "--exact-numerics".into(),
+                "--tokens-file".into(),
+                tokens_file.display().to_string(),
+                "--logits-json".into(),
+                out.display().to_string(),
+            ];
+            if decode {
+                args.push("--decode".into());
+            }
+            let cli = Cli::try_parse_from(args).unwrap();
+            eval_tokens(
+                &cli,
+                CpuBackend::with_numerics(Numerics::Exact),
+                &tokens_file,
+                &out,
+            )
+            .unwrap();
+            let ours: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+            assert_eq!(ours["tokens"], reference["tokens"]);
+            let pos = ours["positions"].as_array().unwrap();
+            assert_eq!(pos.len(), tokens.len());
+            for (i, (p, r)) in pos
+                .iter()
+                .zip(reference["positions"].as_array().unwrap())
+                .enumerate()
+            {
+                assert_eq!(p["pos"], i);
+                assert_eq!(p["token"], tokens[i]);
+                assert_eq!(p["argmax"], r["argmax"]);
+                assert_eq!(p["logits"].as_array().unwrap().len(), 512);
+                if let Some(full) = r["logits"].as_array() {
+                    for (a, b) in p["logits"].as_array().unwrap().iter().zip(full) {
+                        assert!((a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-4);
+                    }
+                }
+            }
+        }
+    }
 }

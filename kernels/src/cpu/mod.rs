@@ -95,6 +95,10 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn numerics(&self) -> Numerics {
+        self.numerics
+    }
+
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         // From outside the pool, `scope` hands the closure to a worker and
         // blocks this thread until it is done.

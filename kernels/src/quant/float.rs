@@ -17,6 +17,13 @@ pub(crate) fn dequantize_f32(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// I32 values converted to f32 (index tables read as numbers).
+pub(crate) fn dequantize_i32(src: &[u8], dst: &mut [f32]) {
+    for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *d = i32::from_le_bytes([s[0], s[1], s[2], s[3]]) as f32;
+    }
+}
+
 pub(crate) fn quantize_f32(src: &[f32], dst: &mut [u8]) {
     for (d, s) in dst.chunks_exact_mut(4).zip(src) {
         d.copy_from_slice(&s.to_le_bytes());
@@ -89,6 +96,16 @@ fn lane_dot<const W: usize>(w: &[u8], a: &[u8], f: impl Fn([u8; W]) -> f32) -> f
 
 pub(crate) fn dot_f32(w: &[u8], a: &[u8]) -> f32 {
     lane_dot::<4>(w, a, f32::from_le_bytes)
+}
+
+pub(crate) fn dot_i32(w: &[u8], a: &[u8]) -> f32 {
+    w.chunks_exact(4)
+        .zip(a.chunks_exact(4))
+        .map(|(w, a)| {
+            i32::from_le_bytes([w[0], w[1], w[2], w[3]]) as f32
+                * f32::from_le_bytes([a[0], a[1], a[2], a[3]])
+        })
+        .sum()
 }
 
 pub(crate) fn dot_f16(w: &[u8], a: &[u8]) -> f32 {

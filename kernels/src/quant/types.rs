@@ -29,6 +29,9 @@ pub enum GgmlType {
     Q8_K,
     IQ2_XXS,
     BF16,
+    /// 32-bit integers (index tables such as DeepSeek V4's hash-routing
+    /// table); never a matmul weight.
+    I32,
 }
 
 /// Static facts about one type: `(id, name, block_size, type_size)`.
@@ -45,7 +48,9 @@ pub(crate) const QK_K: usize = 256;
 pub(crate) const QK: usize = 32;
 
 impl GgmlType {
-    /// Every supported type, in ggml id order.
+    /// Every numeric format the quant kernels compute with, in ggml id
+    /// order. [`GgmlType::I32`] (index tables) is not one of them, but
+    /// [`from_id`](Self::from_id) knows it.
     pub const ALL: [GgmlType; 16] = [
         GgmlType::F32,
         GgmlType::F16,
@@ -104,13 +109,17 @@ impl GgmlType {
             // d: f16, qs: 32 x u16
             GgmlType::IQ2_XXS => t(16, "iq2_xxs", QK_K, 2 + QK_K / 4),
             GgmlType::BF16 => t(30, "bf16", 1, 2),
+            GgmlType::I32 => t(26, "i32", 1, 4),
         }
     }
 
     /// The type with ggml's numeric id `id` (as stored in GGUF tensor
     /// infos), or `None` if the id is unknown or not supported here.
     pub fn from_id(id: u32) -> Option<GgmlType> {
-        GgmlType::ALL.into_iter().find(|t| t.id() == id)
+        GgmlType::ALL
+            .into_iter()
+            .chain([GgmlType::I32])
+            .find(|t| t.id() == id)
     }
 
     /// ggml's numeric type id.
@@ -136,7 +145,10 @@ impl GgmlType {
 
     /// Whether the type is block-quantized (everything but F32/F16/BF16).
     pub fn is_quantized(self) -> bool {
-        !matches!(self, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+        !matches!(
+            self,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::I32
+        )
     }
 
     /// Bytes taken by a row of `n` elements, or `None` if `n` is not a
@@ -160,7 +172,7 @@ impl GgmlType {
     /// - the activation formats Q8_1 and Q8_K dot with themselves.
     pub fn vec_dot_type(self) -> GgmlType {
         match self {
-            GgmlType::F32 => GgmlType::F32,
+            GgmlType::F32 | GgmlType::I32 => GgmlType::F32,
             GgmlType::F16 => GgmlType::F16,
             GgmlType::BF16 => GgmlType::BF16,
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
@@ -185,6 +197,7 @@ impl GgmlType {
                 | GgmlType::Q5_K
                 | GgmlType::Q6_K
                 | GgmlType::IQ2_XXS
+                | GgmlType::I32
         )
     }
 }

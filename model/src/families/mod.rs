@@ -7,6 +7,7 @@
 //! row, a folder and a match arm; the other families are not touched.
 
 mod contract;
+pub mod deepseek4;
 pub mod llama;
 
 use ds4_kernels::{Backend, BackendError, HostBytes, WeightSource};
@@ -18,6 +19,7 @@ pub use contract::{check_inventory, ExpectedTensor};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Family {
     Llama,
+    DeepSeek4,
 }
 
 /// One row of the family table.
@@ -31,11 +33,18 @@ pub struct FamilyInfo {
 }
 
 /// Every family ds4 knows, by architecture string.
-pub static FAMILIES: &[FamilyInfo] = &[FamilyInfo {
-    family: Family::Llama,
-    architecture: "llama",
-    required_keys: llama::REQUIRED_KEYS,
-}];
+pub static FAMILIES: &[FamilyInfo] = &[
+    FamilyInfo {
+        family: Family::Llama,
+        architecture: "llama",
+        required_keys: llama::REQUIRED_KEYS,
+    },
+    FamilyInfo {
+        family: Family::DeepSeek4,
+        architecture: "deepseek4",
+        required_keys: deepseek4::REQUIRED_KEYS,
+    },
+];
 
 impl Family {
     pub fn info(self) -> &'static FamilyInfo {
@@ -84,8 +93,12 @@ pub enum ModelError {
     },
     #[error("backend: {0}")]
     Backend(#[from] BackendError),
+    #[error("token id {token} is outside the model's vocabulary of {n_vocab}")]
+    BadToken { token: u32, n_vocab: usize },
     #[error("context full: {needed} tokens do not fit the sequence's {ctx}-token context")]
     ContextFull { needed: usize, ctx: usize },
+    #[error("tensor {name:?}: {problem}")]
+    WeightBytes { name: String, problem: String },
 }
 
 /// The family a file belongs to, from `general.architecture`.
@@ -120,12 +133,24 @@ pub fn check_required_keys(file: &GgufFile, family: Family) -> Result<(), ModelE
     Ok(())
 }
 
-/// A tensor of `file` as a weight source for a backend (no copy).
+std::thread_local! {
+    /// Tensor bytes supplied by [`Model::load_with`] for the load running
+    /// on this thread; `None` binds the file's own mapping.
+    static BOUND_BYTES: std::cell::RefCell<Option<std::collections::HashMap<String, HostBytes>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A tensor of `file` as a weight source for a backend (no copy): the
+/// bytes given to [`Model::load_with`] when one is running, else the
+/// file's mapping.
 pub fn weight_source(file: &GgufFile, t: &TensorInfo) -> WeightSource {
-    let shard = &file.shards()[t.shard];
-    let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = shard.map().clone();
-    let bytes = HostBytes::new(owner, t.file_offset as usize, t.n_bytes as usize)
-        .expect("tensor ranges are checked when the file is opened");
+    let supplied = BOUND_BYTES.with(|b| b.borrow().as_ref().and_then(|m| m.get(&t.name).cloned()));
+    let bytes = supplied.unwrap_or_else(|| {
+        let shard = &file.shards()[t.shard];
+        let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = shard.map().clone();
+        HostBytes::new(owner, t.file_offset as usize, t.n_bytes as usize)
+            .expect("tensor ranges are checked when the file is opened")
+    });
     let cols = t.shape[0] as usize;
     WeightSource {
         name: t.name.clone(),
@@ -158,6 +183,15 @@ pub struct ModelInfo {
 
 enum FamilyModel<B: Backend> {
     Llama(llama::LlamaModel<B>),
+    DeepSeek4(Box<deepseek4::Ds4Model<B>>),
+}
+
+/// Family-specific per-sequence state.
+enum SequenceState<B: Backend> {
+    /// A backend KV cache (attention over every past position).
+    Kv(B::KvCache),
+    /// DeepSeek V4's window, compressed rows and compressor frontiers.
+    DeepSeek4(deepseek4::Ds4State),
 }
 
 /// A validated, bound model of any family.
@@ -168,7 +202,7 @@ pub struct Model<B: Backend> {
 
 /// The per-sequence state a model needs (KV cache and the tokens in it).
 pub struct Sequence<B: Backend> {
-    cache: B::KvCache,
+    state: SequenceState<B>,
     ctx: usize,
     tokens: Vec<u32>,
 }
@@ -184,8 +218,19 @@ impl<B: Backend> Sequence<B> {
     }
 
     /// Forget everything from position `len` on (keeps a shared prefix).
+    ///
+    /// DeepSeek V4's compressor frontiers cannot be rewound: when `len` is
+    /// shorter than the held tokens, the state is dropped and the next
+    /// forward pass recomputes the kept prefix first.
     pub fn truncate(&mut self, backend: &B, len: usize) {
-        backend.kv_truncate(&mut self.cache, len);
+        match &mut self.state {
+            SequenceState::Kv(cache) => backend.kv_truncate(cache, len),
+            SequenceState::DeepSeek4(st) => {
+                if len < st.n_tokens {
+                    st.reset();
+                }
+            }
+        }
         self.tokens.truncate(len);
     }
 }
@@ -213,20 +258,80 @@ impl<B: Backend> Model<B> {
                     inner: FamilyModel::Llama(m),
                 })
             }
+            Family::DeepSeek4 => {
+                let m = deepseek4::Ds4Model::load(file, backend)?;
+                let h = m.hparams();
+                let info = ModelInfo {
+                    family,
+                    name,
+                    n_vocab: h.n_vocab,
+                    n_ctx_train: h.n_ctx_train,
+                    n_layer: h.n_layer,
+                    n_embd: h.n_embd,
+                };
+                Ok(Model {
+                    info,
+                    inner: FamilyModel::DeepSeek4(Box::new(m)),
+                })
+            }
         }
+    }
+
+    /// Like [`Model::load`], but every tensor's bytes come from `bytes_of`
+    /// (e.g. a read-only mapping of a region imported from the weight
+    /// owner) instead of the file's mapping; nothing is copied. The file
+    /// still supplies metadata and tensor descriptions.
+    pub fn load_with<E: std::fmt::Display>(
+        file: &GgufFile,
+        backend: &B,
+        bytes_of: impl Fn(&TensorInfo) -> Result<HostBytes, E>,
+    ) -> Result<Model<B>, ModelError> {
+        let mut map = std::collections::HashMap::with_capacity(file.tensors().len());
+        for t in file.tensors() {
+            let bytes = bytes_of(t).map_err(|e| ModelError::WeightBytes {
+                name: t.name.clone(),
+                problem: e.to_string(),
+            })?;
+            if bytes.len() as u64 != t.n_bytes {
+                return Err(ModelError::WeightBytes {
+                    name: t.name.clone(),
+                    problem: format!("{} bytes supplied, the file has {}", bytes.len(), t.n_bytes),
+                });
+            }
+            map.insert(t.name.clone(), bytes);
+        }
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                BOUND_BYTES.with(|b| *b.borrow_mut() = None);
+            }
+        }
+        BOUND_BYTES.with(|b| *b.borrow_mut() = Some(map));
+        let _reset = Reset;
+        Model::load(file, backend)
     }
 
     pub fn info(&self) -> &ModelInfo {
         &self.info
     }
 
+    /// The DeepSeek V4 model, for family-specific settings (activation
+    /// rounding); `None` for other families.
+    pub fn deepseek4_mut(&mut self) -> Option<&mut deepseek4::Ds4Model<B>> {
+        match &mut self.inner {
+            FamilyModel::DeepSeek4(m) => Some(m.as_mut()),
+            FamilyModel::Llama(_) => None,
+        }
+    }
+
     /// A fresh sequence holding at most `ctx` tokens.
     pub fn new_sequence(&self, backend: &B, ctx: usize) -> Sequence<B> {
-        let cache = match &self.inner {
-            FamilyModel::Llama(m) => m.kv_cache(backend, ctx),
+        let state = match &self.inner {
+            FamilyModel::Llama(m) => SequenceState::Kv(m.kv_cache(backend, ctx)),
+            FamilyModel::DeepSeek4(m) => SequenceState::DeepSeek4(m.new_state()),
         };
         Sequence {
-            cache,
+            state,
             ctx,
             tokens: Vec::new(),
         }
@@ -250,9 +355,21 @@ impl<B: Backend> Model<B> {
             });
         }
         let positions: Vec<u32> = (start..start + tokens.len()).map(|p| p as u32).collect();
-        let cache = &mut seq.cache;
-        let result = backend.run(|| match &self.inner {
-            FamilyModel::Llama(m) => m.forward(backend, cache, tokens, &positions, want),
+        let held = &seq.tokens;
+        let state = &mut seq.state;
+        let result = backend.run(|| match (&self.inner, state) {
+            (FamilyModel::Llama(m), SequenceState::Kv(cache)) => {
+                m.forward(backend, cache, tokens, &positions, want)
+            }
+            (FamilyModel::DeepSeek4(m), SequenceState::DeepSeek4(st)) => {
+                if st.n_tokens != held.len() {
+                    // After a truncation: recompute the kept prefix.
+                    st.reset();
+                    m.forward(backend, st, held, Logits::Last)?;
+                }
+                m.forward(backend, st, tokens, want)
+            }
+            _ => unreachable!("a sequence is created by the model it runs on"),
         });
         match result {
             Ok(logits) => {
@@ -260,7 +377,10 @@ impl<B: Backend> Model<B> {
                 Ok(logits)
             }
             Err(e) => {
-                backend.kv_truncate(&mut seq.cache, start);
+                match &mut seq.state {
+                    SequenceState::Kv(cache) => backend.kv_truncate(cache, start),
+                    SequenceState::DeepSeek4(st) => st.reset(),
+                }
                 Err(e)
             }
         }

@@ -3,6 +3,8 @@
 //! minijinja, set up to behave as `transformers` renders it.
 
 mod chat_template;
+pub mod deepseek4;
+pub mod dsml;
 mod jinja;
 
 pub use chat_template::{ChatMessage, ChatTemplate, RenderInput, CHAT_TEMPLATE_KEY};

@@ -43,7 +43,9 @@ pub enum PreTokenizerKind {
     Llama3,
     /// `qwen2`, `deepseek-r1-qwen`: the Qwen 2 expression.
     Qwen2,
-    /// `deepseek-v3`: up to three digits, CJK runs, then DeepSeek's words.
+    /// `deepseek-v3`, and `joyai-llm` (the name DeepSeek V4's GGUFs
+    /// declare; the same three splits): up to three digits, CJK runs, then
+    /// DeepSeek's words.
     DeepseekV3,
 }
 
@@ -62,6 +64,7 @@ const NAMES: &[(&str, PreTokenizerKind)] = &[
     ("qwen2", PreTokenizerKind::Qwen2),
     ("deepseek-r1-qwen", PreTokenizerKind::Qwen2),
     ("deepseek-v3", PreTokenizerKind::DeepseekV3),
+    ("joyai-llm", PreTokenizerKind::DeepseekV3),
 ];
 
 impl PreTokenizerKind {
@@ -185,5 +188,49 @@ mod tests {
             ["123", "45", "Ġok"]
         );
         assert_eq!(words(PreTokenizerKind::Qwen2, "123"), ["1", "2", "3"]);
+    }
+}
+
+#[cfg(test)]
+mod deepseek_tests {
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    use super::PreTokenizerKind;
+
+    /// Pieces of `text` as byte ranges of the original text.
+    fn pieces(kind: PreTokenizerKind, text: &str) -> Vec<String> {
+        let pre = kind.build().unwrap();
+        let mut s = PreTokenizedString::from(text);
+        pre.pre_tokenize(&mut s).unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(_, (a, b), _)| text[a..b].to_string())
+            .collect()
+    }
+
+    #[test]
+    fn deepseek_v4_declares_joyai_llm() {
+        assert_eq!(
+            PreTokenizerKind::from_gguf_name("joyai-llm").unwrap(),
+            PreTokenizerKind::DeepseekV3
+        );
+    }
+
+    /// The three sequential splits of DeepSeek V4's tokenizer (spec §5.3).
+    #[test]
+    fn deepseek_v4_splits() {
+        let k = PreTokenizerKind::DeepseekV3;
+        // Punctuation keeps its trailing newlines.
+        assert_eq!(pieces(k, "a>;\nb"), ["a", ">;\n", "b"]);
+        // The last space of a run joins the next word.
+        assert_eq!(pieces(k, "    int"), ["   ", " int"]);
+        // Digits in runs of at most three.
+        assert_eq!(pieces(k, "2048 is"), ["204", "8", " is"]);
+        // CJK and kana runs are split off before the words.
+        assert_eq!(pieces(k, "答案abc カナ"), ["答案", "abc", " ", "カナ"]);
+        // One ASCII punctuation character glued to letters.
+        assert_eq!(pieces(k, "x.foo(bar)"), ["x", ".foo", "(bar", ")"]);
+        // A non-letter prefix character joins the letters after it.
+        assert_eq!(pieces(k, "\tword"), ["\tword"]);
     }
 }

@@ -1,0 +1,363 @@
+//! `POST /v1/completions` (OpenAI Completions): a raw prompt, no template.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::error::parse_json;
+use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
+use super::{stop_list, ApiError, AppState, Reply, SamplingFields, Stop};
+use crate::generate::{FinishReason, TokenLogprobs};
+use crate::runtime::Prompter;
+use crate::tools::new_call_id;
+
+const SURFACE: &str = "completions";
+
+/// OpenAI's default when `max_tokens` is absent.
+const DEFAULT_MAX_TOKENS: u32 = 16;
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: String,
+    pub prompt: Prompt,
+    pub max_tokens: Option<u32>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub echo: bool,
+    pub logprobs: Option<u32>,
+    pub n: Option<u32>,
+    pub best_of: Option<u32>,
+    pub suffix: Option<String>,
+    #[serde(default)]
+    pub return_token_ids: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// A prompt: text or token ids, alone or as a one-element batch.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    TextBatch(Vec<String>),
+    TokenBatch(Vec<Vec<u32>>),
+}
+
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = inner(state.clone(), body).await;
+    state.count(SURFACE, &r);
+    match r {
+        Ok(reply) => reply.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn inner(
+    state: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Reply, ApiError> {
+    let mut req: CompletionRequest = parse_json(&state.body(body)?)?;
+    if !state.serves(&req.model) {
+        return Err(ApiError::UnknownModel(req.model));
+    }
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad("only n = 1 is supported", "n"));
+    }
+    if req.best_of.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad("only best_of = 1 is supported", "best_of"));
+    }
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::bad(
+            "suffix (insertion) is not supported by this model",
+            "suffix",
+        ));
+    }
+    if req.echo && req.logprobs.is_some() {
+        return Err(ApiError::bad(
+            "echo with logprobs (prompt log-probabilities) is not supported",
+            "logprobs",
+        ));
+    }
+    let sampling = req.sampling.params()?;
+    let stop = stop_list(req.stop.take())?;
+    let p = state.prompter.clone();
+    let (text, tokens) = match req.prompt {
+        Prompt::Text(t) => prompt_text(&p, t).await?,
+        Prompt::TextBatch(mut v) if v.len() == 1 => prompt_text(&p, v.remove(0)).await?,
+        Prompt::Tokens(t) => prompt_tokens(&p, t)?,
+        Prompt::TokenBatch(mut v) if v.len() == 1 => prompt_tokens(&p, v.remove(0))?,
+        _ => {
+            return Err(ApiError::bad(
+                "only one prompt per request is supported",
+                "prompt",
+            ))
+        }
+    };
+    let prompt_ids = req.return_token_ids.then(|| tokens.clone());
+    let logprobs = req.logprobs.map(|n| n.min(20) as usize);
+    let job = Job {
+        prompt: tokens,
+        max_tokens: Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+        sampling,
+        stop,
+        logprobs,
+        tools: None,
+    };
+    let run = run::start(&state, job)?;
+    let id = new_call_id("cmpl-");
+    let created = super::unix_now();
+    let echo = if req.echo { text } else { String::new() };
+    if req.stream {
+        let shape = CompletionStream {
+            id,
+            created,
+            model: state.model_id.clone(),
+            prompter: p,
+            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+            echo,
+        };
+        return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
+    }
+    let (c, f) = run::collect(run).await?;
+    let lp = logprobs.map(|_| {
+        let entries: Vec<_> = c
+            .tokens
+            .iter()
+            .filter_map(|(id, lp)| lp.as_ref().map(|lp| (*id, lp)))
+            .collect();
+        legacy_logprobs(&p, &entries, echo.len())
+    });
+    let resp = CompletionResponse {
+        id,
+        object: "text_completion",
+        created,
+        model: state.model_id.clone(),
+        choices: vec![Choice {
+            index: 0,
+            text: echo + &c.text,
+            finish_reason: Some(finish_reason(&f)),
+            logprobs: lp,
+            token_ids: req
+                .return_token_ids
+                .then(|| c.tokens.iter().map(|t| t.0).collect()),
+        }],
+        usage: Some(usage(&f)),
+        timings: Some(f.timings_out()),
+        prompt_token_ids: prompt_ids,
+    };
+    Ok(Reply::Json(Json(resp).into_response()))
+}
+
+async fn prompt_text(p: &Prompter, text: String) -> Result<(String, Vec<u32>), ApiError> {
+    let p = p.clone();
+    tokio::task::spawn_blocking(move || {
+        let ids = p
+            .raw_prompt(&text)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        Ok((text, ids))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?
+}
+
+fn prompt_tokens(p: &Prompter, ids: Vec<u32>) -> Result<(String, Vec<u32>), ApiError> {
+    let vocab = p.tokenizer.vocab_size();
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::bad(
+            format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
+            "prompt",
+        ));
+    }
+    Ok((p.tokenizer.decode(&ids), ids))
+}
+
+fn finish_reason(f: &Finish) -> &'static str {
+    match f.reason {
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+fn usage(f: &Finish) -> Usage {
+    Usage {
+        prompt_tokens: f.prompt_tokens(),
+        completion_tokens: f.completion_tokens(),
+        total_tokens: f.prompt_tokens() + f.completion_tokens(),
+    }
+}
+
+/// The Completions log-probability shape; offsets start at `offset`.
+fn legacy_logprobs(
+    p: &Prompter,
+    entries: &[(u32, &TokenLogprobs)],
+    offset: usize,
+) -> LegacyLogprobs {
+    let mut out = LegacyLogprobs::default();
+    let mut at = offset;
+    for (id, lp) in entries {
+        let tok = p.tokenizer.decode(&[*id]);
+        out.text_offset.push(at);
+        at += tok.len();
+        out.tokens.push(tok);
+        out.token_logprobs.push(lp.logprob);
+        out.top_logprobs.push(
+            lp.top
+                .iter()
+                .map(|&(t, l)| (p.tokenizer.decode(&[t]), l))
+                .collect(),
+        );
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct CompletionResponse {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    choices: Vec<Choice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timings: Option<TimingsOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<Vec<u32>>,
+}
+
+#[derive(Serialize)]
+struct Choice {
+    index: u32,
+    text: String,
+    finish_reason: Option<&'static str>,
+    logprobs: Option<LegacyLogprobs>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<Vec<u32>>,
+}
+
+#[derive(Serialize, Default)]
+struct LegacyLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<f32>,
+    top_logprobs: Vec<std::collections::BTreeMap<String, f32>>,
+    text_offset: Vec<usize>,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    total_tokens: usize,
+}
+
+struct CompletionStream {
+    id: String,
+    created: u64,
+    model: String,
+    prompter: Prompter,
+    include_usage: bool,
+    /// Echoed prompt, sent with the first chunk.
+    echo: String,
+}
+
+impl CompletionStream {
+    fn chunk(&self, choices: Vec<Choice>, f: Option<&Finish>) -> Frame {
+        run::event(
+            None,
+            &CompletionResponse {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices,
+                usage: f.map(usage),
+                timings: f.map(Finish::timings_out),
+                prompt_token_ids: None,
+            },
+        )
+    }
+
+    fn text(
+        &self,
+        text: String,
+        finish: Option<&'static str>,
+        lp: Option<LegacyLogprobs>,
+    ) -> Frame {
+        self.chunk(
+            vec![Choice {
+                index: 0,
+                text,
+                finish_reason: finish,
+                logprobs: lp,
+                token_ids: None,
+            }],
+            None,
+        )
+    }
+}
+
+impl Shape for CompletionStream {
+    fn start(&mut self) -> Vec<Frame> {
+        if self.echo.is_empty() {
+            Vec::new()
+        } else {
+            let echo = std::mem::take(&mut self.echo);
+            vec![self.text(echo, None, None)]
+        }
+    }
+
+    fn deltas(&mut self, deltas: Vec<Delta>) -> Vec<Frame> {
+        let mut text = String::new();
+        let mut lps = Vec::new();
+        for d in deltas {
+            match d {
+                Delta::Token {
+                    id,
+                    logprobs: Some(lp),
+                } => lps.push((id, lp)),
+                Delta::Text(t) | Delta::Reasoning(t) => text.push_str(&t),
+                Delta::Token { .. } | Delta::Call(_) => {}
+            }
+        }
+        if text.is_empty() && lps.is_empty() {
+            return Vec::new();
+        }
+        let lp = (!lps.is_empty()).then(|| {
+            let refs: Vec<_> = lps.iter().map(|(id, lp)| (*id, lp)).collect();
+            legacy_logprobs(&self.prompter, &refs, 0)
+        });
+        vec![self.text(text, None, lp)]
+    }
+
+    fn finish(&mut self, f: &Finish) -> Vec<Frame> {
+        let mut out = vec![self.text(String::new(), Some(finish_reason(f)), None)];
+        if self.include_usage {
+            out.push(self.chunk(Vec::new(), Some(f)));
+        }
+        out.push(run::done());
+        out
+    }
+
+    fn error(&mut self, e: &ApiError) -> Vec<Frame> {
+        vec![run::event(None, &e.openai_body()), run::done()]
+    }
+}

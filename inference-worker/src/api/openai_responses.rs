@@ -1,0 +1,768 @@
+//! `POST /v1/responses` (OpenAI Responses), JSON and SSE. Stateless: the
+//! client sends the whole conversation every time (`store: false`).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::convo::{self, Conversation, Role, Turn};
+use super::error::parse_json;
+use super::openai_chat::tool_choice;
+use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
+use super::{ApiError, AppState, Reply, SamplingFields};
+use crate::generate::FinishReason;
+use crate::tools::{new_call_id, ToolCall, ToolSpec};
+
+const SURFACE: &str = "responses";
+
+#[derive(Debug, Deserialize)]
+pub struct ResponsesRequest {
+    #[serde(default)]
+    pub model: String,
+    pub input: Input,
+    pub instructions: Option<String>,
+    #[serde(default)]
+    pub tools: Vec<Value>,
+    pub tool_choice: Option<Value>,
+    pub max_output_tokens: Option<u32>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    pub reasoning: Option<Value>,
+    #[serde(default)]
+    pub stream: bool,
+    pub store: Option<bool>,
+    pub previous_response_id: Option<String>,
+    pub text: Option<TextConfig>,
+    pub metadata: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Input {
+    Text(String),
+    Items(Vec<Value>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TextConfig {
+    pub format: Option<Value>,
+}
+
+fn text_of(v: Option<&Value>) -> Result<String, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut s = String::new();
+            for p in parts {
+                match p.get("type").and_then(Value::as_str) {
+                    Some("input_text" | "output_text" | "text" | "summary_text") => {
+                        s.push_str(p.get("text").and_then(Value::as_str).unwrap_or(""))
+                    }
+                    other => {
+                        return Err(ApiError::bad(
+                            format!("content part type {other:?} is not supported (text only)"),
+                            "input",
+                        ))
+                    }
+                }
+            }
+            Ok(s)
+        }
+        Some(_) => Err(ApiError::bad(
+            "content must be a string or a list of parts",
+            "input",
+        )),
+    }
+}
+
+fn str_field(item: &Value, key: &str, i: usize) -> Result<String, ApiError> {
+    item.get(key)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| ApiError::bad(format!("input[{i}].{key} must be a string"), "input"))
+}
+
+fn conversation(req: &ResponsesRequest) -> Result<Conversation, ApiError> {
+    let mut c = Conversation::default();
+    if let Some(i) = req.instructions.as_deref().filter(|s| !s.is_empty()) {
+        c.push_text(Role::System, i);
+    }
+    match &req.input {
+        Input::Text(t) => c.push_text(Role::User, t),
+        Input::Items(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let kind = item
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("message");
+                match kind {
+                    "message" => {
+                        let role = match item.get("role").and_then(Value::as_str) {
+                            Some("user") => Role::User,
+                            Some("assistant") => Role::Assistant,
+                            Some("system" | "developer") => Role::System,
+                            other => {
+                                return Err(ApiError::bad(
+                                    format!("input[{i}].role {other:?} is not one of user, assistant, system, developer"),
+                                    "input",
+                                ))
+                            }
+                        };
+                        let text = text_of(item.get("content"))?;
+                        c.turns.push(Turn::new(role, text));
+                    }
+                    "function_call" => {
+                        let call = ToolCall {
+                            id: str_field(item, "call_id", i)?,
+                            name: str_field(item, "name", i)?,
+                            arguments: str_field(item, "arguments", i)?,
+                        };
+                        match c.turns.last_mut() {
+                            Some(t) if t.role == Role::Assistant => t.calls.push(call),
+                            _ => {
+                                let mut t = Turn::new(Role::Assistant, "");
+                                t.calls.push(call);
+                                c.turns.push(t);
+                            }
+                        }
+                    }
+                    "function_call_output" => {
+                        let out = match item.get("output") {
+                            Some(Value::String(s)) => s.clone(),
+                            other => text_of(other)?,
+                        };
+                        c.turns.push(Turn::new(Role::Tool, out));
+                    }
+                    // Earlier reasoning is not shown to the model again.
+                    "reasoning" => {}
+                    other => {
+                        return Err(ApiError::bad(
+                            format!("input[{i}].type {other:?} is not supported; send messages, function_call and function_call_output items"),
+                            "input",
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    c.tools = req
+        .tools
+        .iter()
+        .filter(|t| t.get("type").and_then(Value::as_str) == Some("function"))
+        .map(|t| {
+            serde_json::from_value::<ToolSpec>(t.clone())
+                .map_err(|e| ApiError::bad(format!("invalid function tool: {e}"), "tools"))
+        })
+        .collect::<Result<_, _>>()?;
+    c.choice = tool_choice(req.tool_choice.as_ref())?;
+    Ok(c)
+}
+
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = inner(state.clone(), body).await;
+    state.count(SURFACE, &r);
+    match r {
+        Ok(reply) => reply.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn inner(
+    state: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Reply, ApiError> {
+    let req: ResponsesRequest = parse_json(&state.body(body)?)?;
+    if !state.serves(&req.model) {
+        return Err(ApiError::UnknownModel(req.model));
+    }
+    if req.store == Some(true) {
+        return Err(ApiError::bad(
+            "store: true is not supported: this server keeps no responses; send store: false and the full input each time",
+            "store",
+        ));
+    }
+    if req
+        .previous_response_id
+        .as_deref()
+        .is_some_and(|s| !s.is_empty())
+    {
+        return Err(ApiError::bad(
+            "previous_response_id is not supported: this server keeps no responses; resend the full input instead",
+            "previous_response_id",
+        ));
+    }
+    if let Some(f) = req.text.as_ref().and_then(|t| t.format.as_ref()) {
+        let kind = f.get("type").and_then(Value::as_str).unwrap_or("text");
+        if kind != "text" {
+            return Err(ApiError::bad(
+                format!("text.format {kind:?} is not supported yet (structured output is not implemented); use \"text\""),
+                "text.format",
+            ));
+        }
+    }
+    let sampling = req.sampling.params()?;
+    let convo = conversation(&req)?;
+    let prompter = state.prompter.clone();
+    let rendered = tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "call_"))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let job = Job {
+        prompt: rendered.tokens,
+        max_tokens: req.max_output_tokens,
+        sampling: sampling.clone(),
+        stop: Vec::new(),
+        logprobs: None,
+        tools: rendered.tools,
+    };
+    let run = run::start(&state, job)?;
+    let meta = Meta {
+        id: new_call_id("resp_"),
+        created_at: super::unix_now(),
+        model: state.model_id.clone(),
+        instructions: req.instructions.clone(),
+        tools: req.tools.clone(),
+        tool_choice: req.tool_choice.clone().unwrap_or_else(|| "auto".into()),
+        temperature: sampling.temperature,
+        top_p: sampling.top_p,
+        max_output_tokens: req.max_output_tokens,
+        reasoning: req
+            .reasoning
+            .clone()
+            .unwrap_or_else(|| serde_json::json!({})),
+        metadata: req
+            .metadata
+            .clone()
+            .unwrap_or_else(|| serde_json::json!({})),
+    };
+    if req.stream {
+        let shape = ResponsesStream {
+            meta,
+            seq: 0,
+            output: Vec::new(),
+            open: None,
+        };
+        return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
+    }
+    let (c, f) = run::collect(run).await?;
+    let mut output = Vec::new();
+    if !c.reasoning.is_empty() {
+        output.push(Item::reasoning(new_call_id("rs_"), c.reasoning));
+    }
+    if !c.text.is_empty() || c.calls.is_empty() {
+        output.push(Item::message(new_call_id("msg_"), c.text, "completed"));
+    }
+    output.extend(c.calls.into_iter().map(Item::call));
+    Ok(Reply::Json(Json(meta.response(&f, output)).into_response()))
+}
+
+/// Request settings echoed in every response object.
+struct Meta {
+    id: String,
+    created_at: u64,
+    model: String,
+    instructions: Option<String>,
+    tools: Vec<Value>,
+    tool_choice: Value,
+    temperature: f32,
+    top_p: f32,
+    max_output_tokens: Option<u32>,
+    reasoning: Value,
+    metadata: Value,
+}
+
+impl Meta {
+    fn object(&self, status: &'static str, output: Vec<Item>) -> ResponseObject<'_> {
+        ResponseObject {
+            id: &self.id,
+            object: "response",
+            created_at: self.created_at,
+            status,
+            model: &self.model,
+            output,
+            instructions: self.instructions.as_deref(),
+            tools: &self.tools,
+            tool_choice: &self.tool_choice,
+            parallel_tool_calls: true,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_output_tokens: self.max_output_tokens,
+            previous_response_id: None,
+            reasoning: &self.reasoning,
+            store: false,
+            text: serde_json::json!({"format": {"type": "text"}}),
+            truncation: "disabled",
+            metadata: &self.metadata,
+            incomplete_details: None,
+            error: None,
+            usage: None,
+            timings: None,
+        }
+    }
+
+    fn response(&self, f: &Finish, output: Vec<Item>) -> ResponseObject<'_> {
+        let incomplete = f.reason == FinishReason::Length;
+        let mut r = self.object(
+            if incomplete {
+                "incomplete"
+            } else {
+                "completed"
+            },
+            output,
+        );
+        r.incomplete_details =
+            incomplete.then(|| serde_json::json!({"reason": "max_output_tokens"}));
+        r.usage = Some(Usage {
+            input_tokens: f.prompt_tokens(),
+            input_tokens_details: InputDetails {
+                cached_tokens: f.timings.cached_tokens,
+            },
+            output_tokens: f.completion_tokens(),
+            output_tokens_details: OutputDetails {
+                reasoning_tokens: 0,
+            },
+            total_tokens: f.prompt_tokens() + f.completion_tokens(),
+        });
+        r.timings = Some(f.timings_out());
+        r
+    }
+}
+
+#[derive(Serialize)]
+struct ResponseObject<'a> {
+    id: &'a str,
+    object: &'static str,
+    created_at: u64,
+    status: &'static str,
+    model: &'a str,
+    output: Vec<Item>,
+    instructions: Option<&'a str>,
+    tools: &'a [Value],
+    tool_choice: &'a Value,
+    parallel_tool_calls: bool,
+    temperature: f32,
+    top_p: f32,
+    max_output_tokens: Option<u32>,
+    previous_response_id: Option<&'a str>,
+    reasoning: &'a Value,
+    store: bool,
+    text: Value,
+    truncation: &'static str,
+    metadata: &'a Value,
+    incomplete_details: Option<Value>,
+    error: Option<Value>,
+    usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timings: Option<TimingsOut>,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    input_tokens: usize,
+    input_tokens_details: InputDetails,
+    output_tokens: usize,
+    output_tokens_details: OutputDetails,
+    total_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct InputDetails {
+    cached_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct OutputDetails {
+    reasoning_tokens: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Item {
+    Message {
+        id: String,
+        status: &'static str,
+        role: &'static str,
+        content: Vec<Part>,
+    },
+    FunctionCall {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+        status: &'static str,
+    },
+    Reasoning {
+        id: String,
+        summary: Vec<Value>,
+        content: Vec<Part>,
+    },
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Part {
+    OutputText {
+        text: String,
+        annotations: Vec<Value>,
+        logprobs: Vec<Value>,
+    },
+    ReasoningText {
+        text: String,
+    },
+}
+
+impl Part {
+    fn output_text(text: String) -> Part {
+        Part::OutputText {
+            text,
+            annotations: Vec::new(),
+            logprobs: Vec::new(),
+        }
+    }
+}
+
+impl Item {
+    fn message(id: String, text: String, status: &'static str) -> Item {
+        Item::Message {
+            id,
+            status,
+            role: "assistant",
+            content: vec![Part::output_text(text)],
+        }
+    }
+
+    fn reasoning(id: String, text: String) -> Item {
+        Item::Reasoning {
+            id,
+            summary: Vec::new(),
+            content: vec![Part::ReasoningText { text }],
+        }
+    }
+
+    fn call(c: ToolCall) -> Item {
+        Item::FunctionCall {
+            id: new_call_id("fc_"),
+            call_id: c.id,
+            name: c.name,
+            arguments: c.arguments,
+            status: "completed",
+        }
+    }
+}
+
+/// The item being streamed.
+enum Open {
+    Message { id: String, text: String },
+    Reasoning { id: String, text: String },
+}
+
+struct ResponsesStream {
+    meta: Meta,
+    seq: u64,
+    /// Finished items, in order.
+    output: Vec<Item>,
+    open: Option<Open>,
+}
+
+impl ResponsesStream {
+    /// One event: `data` gets `type` and `sequence_number` added.
+    fn ev(&mut self, kind: &'static str, mut data: Value) -> Frame {
+        data["type"] = Value::String(kind.into());
+        data["sequence_number"] = self.seq.into();
+        self.seq += 1;
+        run::event(Some(kind), &data)
+    }
+
+    fn close(&mut self, out: &mut Vec<Frame>) {
+        let oi = self.output.len();
+        let item = match self.open.take() {
+            None => return,
+            Some(Open::Message { id, text }) => {
+                let part = Part::output_text(text.clone());
+                out.push(self.ev("response.output_text.done", serde_json::json!({"item_id": id, "output_index": oi, "content_index": 0, "text": text, "logprobs": []})));
+                out.push(self.ev("response.content_part.done", serde_json::json!({"item_id": id, "output_index": oi, "content_index": 0, "part": part})));
+                Item::message(id, text, "completed")
+            }
+            Some(Open::Reasoning { id, text }) => {
+                out.push(self.ev("response.reasoning_text.done", serde_json::json!({"item_id": id, "output_index": oi, "content_index": 0, "text": text})));
+                Item::reasoning(id, text)
+            }
+        };
+        out.push(self.ev(
+            "response.output_item.done",
+            serde_json::json!({"output_index": oi, "item": item}),
+        ));
+        self.output.push(item);
+    }
+
+    fn text(&mut self, out: &mut Vec<Frame>, t: String, reasoning: bool) {
+        let oi = self.output.len();
+        let fits = matches!(
+            (&self.open, reasoning),
+            (Some(Open::Message { .. }), false) | (Some(Open::Reasoning { .. }), true)
+        );
+        if !fits {
+            self.close(out);
+            if reasoning {
+                let id = new_call_id("rs_");
+                let item = Item::Reasoning {
+                    id: id.clone(),
+                    summary: Vec::new(),
+                    content: Vec::new(),
+                };
+                out.push(self.ev(
+                    "response.output_item.added",
+                    serde_json::json!({"output_index": oi, "item": item}),
+                ));
+                self.open = Some(Open::Reasoning {
+                    id,
+                    text: String::new(),
+                });
+            } else {
+                let id = new_call_id("msg_");
+                let item = Item::Message {
+                    id: id.clone(),
+                    status: "in_progress",
+                    role: "assistant",
+                    content: Vec::new(),
+                };
+                out.push(self.ev(
+                    "response.output_item.added",
+                    serde_json::json!({"output_index": oi, "item": item}),
+                ));
+                let part = Part::output_text(String::new());
+                out.push(self.ev("response.content_part.added", serde_json::json!({"item_id": id, "output_index": oi, "content_index": 0, "part": part})));
+                self.open = Some(Open::Message {
+                    id,
+                    text: String::new(),
+                });
+            }
+        }
+        let (id, kind) = match &mut self.open {
+            Some(Open::Message { id, text }) => {
+                text.push_str(&t);
+                (id.clone(), "response.output_text.delta")
+            }
+            Some(Open::Reasoning { id, text }) => {
+                text.push_str(&t);
+                (id.clone(), "response.reasoning_text.delta")
+            }
+            None => return,
+        };
+        let mut data =
+            serde_json::json!({"item_id": id, "output_index": oi, "content_index": 0, "delta": t});
+        if !reasoning {
+            data["logprobs"] = Value::Array(Vec::new());
+        }
+        out.push(self.ev(kind, data));
+    }
+}
+
+impl Shape for ResponsesStream {
+    fn start(&mut self) -> Vec<Frame> {
+        let r =
+            serde_json::to_value(self.meta.object("in_progress", Vec::new())).unwrap_or_default();
+        vec![
+            self.ev("response.created", serde_json::json!({"response": r})),
+            self.ev("response.in_progress", serde_json::json!({"response": r})),
+        ]
+    }
+
+    fn deltas(&mut self, deltas: Vec<Delta>) -> Vec<Frame> {
+        let mut out = Vec::new();
+        for d in deltas {
+            match d {
+                Delta::Token { .. } => {}
+                Delta::Text(t) => self.text(&mut out, t, false),
+                Delta::Reasoning(t) => self.text(&mut out, t, true),
+                Delta::Call(c) => {
+                    self.close(&mut out);
+                    let oi = self.output.len();
+                    let item = Item::call(c);
+                    let Item::FunctionCall {
+                        id,
+                        call_id,
+                        name,
+                        arguments,
+                        ..
+                    } = item.clone()
+                    else {
+                        continue;
+                    };
+                    let added = Item::FunctionCall {
+                        id: id.clone(),
+                        call_id,
+                        name: name.clone(),
+                        arguments: String::new(),
+                        status: "in_progress",
+                    };
+                    out.push(self.ev(
+                        "response.output_item.added",
+                        serde_json::json!({"output_index": oi, "item": added}),
+                    ));
+                    out.push(self.ev(
+                        "response.function_call_arguments.delta",
+                        serde_json::json!({"item_id": id, "output_index": oi, "delta": arguments}),
+                    ));
+                    out.push(self.ev("response.function_call_arguments.done", serde_json::json!({"item_id": id, "output_index": oi, "name": name, "arguments": arguments})));
+                    out.push(self.ev(
+                        "response.output_item.done",
+                        serde_json::json!({"output_index": oi, "item": item}),
+                    ));
+                    self.output.push(item);
+                }
+            }
+        }
+        out
+    }
+
+    fn finish(&mut self, f: &Finish) -> Vec<Frame> {
+        let mut out = Vec::new();
+        if self.output.is_empty() && self.open.is_none() {
+            // Every response has its message item, even an empty one.
+            self.text(&mut out, String::new(), false);
+        }
+        self.close(&mut out);
+        let output = std::mem::take(&mut self.output);
+        let r = serde_json::to_value(self.meta.response(f, output)).unwrap_or_default();
+        let kind = if f.reason == FinishReason::Length {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        out.push(self.ev(kind, serde_json::json!({"response": r})));
+        out
+    }
+
+    fn error(&mut self, e: &ApiError) -> Vec<Frame> {
+        let mut r =
+            serde_json::to_value(self.meta.object("failed", std::mem::take(&mut self.output)))
+                .unwrap_or_default();
+        r["error"] = serde_json::json!({"code": e.reason(), "message": e.to_string()});
+        vec![self.ev("response.failed", serde_json::json!({"response": r}))]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::run::testing::{drive, envelope_run, thinking_run};
+
+    fn shape() -> ResponsesStream {
+        ResponsesStream {
+            meta: Meta {
+                id: "resp_1".into(),
+                created_at: 1,
+                model: "m".into(),
+                instructions: None,
+                tools: Vec::new(),
+                tool_choice: "auto".into(),
+                temperature: 0.0,
+                top_p: 1.0,
+                max_output_tokens: None,
+                reasoning: serde_json::json!({}),
+                metadata: serde_json::json!({}),
+            },
+            seq: 0,
+            output: Vec::new(),
+            open: None,
+        }
+    }
+
+    fn events(frames: &[Frame]) -> Vec<(&'static str, Value)> {
+        frames
+            .iter()
+            .map(|f| {
+                let v: Value = serde_json::from_str(&f.data).unwrap();
+                assert_eq!(v["type"].as_str(), f.event);
+                (f.event.unwrap(), v)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn streamed_tool_calls_have_the_responses_event_lifecycle() {
+        let frames = drive(envelope_run(None), shape()).await;
+        let ev = events(&frames);
+        let names: Vec<&str> = ev.iter().map(|e| e.0).collect();
+        assert_eq!(
+            names
+                .iter()
+                .filter(|n| !n.ends_with("text.delta"))
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        for (i, (_, v)) in ev.iter().enumerate() {
+            assert_eq!(v["sequence_number"], i);
+        }
+        let added = &ev
+            .iter()
+            .filter(|e| e.0 == "response.output_item.added")
+            .nth(1)
+            .unwrap()
+            .1;
+        assert_eq!(added["output_index"], 1);
+        assert_eq!(added["item"]["type"], "function_call");
+        assert!(added["item"]["call_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("call_"));
+        let done = &ev.last().unwrap().1["response"];
+        assert_eq!(done["id"], "resp_1");
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["output"][0]["role"], "assistant");
+        assert_eq!(done["output"][0]["content"][0]["text"], "Let me check.\n");
+        assert_eq!(done["output"][1]["name"], "get_weather");
+        assert_eq!(done["output"][1]["arguments"], "{\"city\":\"Paris\"}");
+        assert_eq!(done["usage"]["output_tokens"], 9);
+    }
+
+    #[tokio::test]
+    async fn an_error_after_the_stream_started_is_response_failed() {
+        let frames = drive(crate::api::run::testing::failing_run(&["Hi"]), shape()).await;
+        let ev = events(&frames);
+        let (name, v) = ev.last().unwrap();
+        assert_eq!(*name, "response.failed");
+        assert_eq!(v["response"]["status"], "failed");
+        assert_eq!(v["response"]["id"], "resp_1");
+        assert!(v["response"]["error"]["message"].is_string());
+    }
+
+    #[tokio::test]
+    async fn reasoning_goes_out_as_a_reasoning_item() {
+        let frames = drive(thinking_run(), shape()).await;
+        let ev = events(&frames);
+        let done = &ev.last().unwrap().1["response"];
+        assert_eq!(done["output"][0]["type"], "reasoning");
+        assert_eq!(
+            done["output"][0]["content"][0]["text"],
+            "France's capital is Paris."
+        );
+        assert_eq!(done["output"][1]["type"], "message");
+        assert_eq!(done["output"][1]["content"][0]["text"], "Paris.");
+        assert!(ev.iter().any(|e| e.0 == "response.reasoning_text.delta"));
+    }
+}

@@ -1,0 +1,531 @@
+//! Running a request on the engine, shared by every surface: admission
+//! checks, the engine's token events turned into answer text, reasoning
+//! and tool calls, collection for JSON answers, and the SSE driver that
+//! streams them in a surface's own event shapes.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::{ApiError, AppState};
+use crate::engine::Event;
+use crate::generate::{FinishReason, GenerateRequest, StreamOptions, Timings, TokenLogprobs};
+use crate::reasoning::{Delimiters, Part, ReasoningSplitter};
+use crate::sampler::SamplingParams;
+use crate::tools::{new_call_id, CallParser, Parsed, ToolCall};
+
+/// A request ready for the engine.
+#[derive(Debug)]
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub max_tokens: Option<u32>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub logprobs: Option<usize>,
+    /// Parse generated text for tool calls.
+    pub tools: Option<ToolParsing>,
+}
+
+/// How to find tool calls in a run's text.
+#[derive(Clone, Debug)]
+pub struct ToolParsing {
+    /// Call ids get this prefix (`call_`, `toolu_`).
+    pub id_prefix: &'static str,
+    /// Names that may be called.
+    pub names: Vec<String>,
+    /// Text the prompt opened a forced call with.
+    pub forced: String,
+}
+
+/// What a run produces, in order.
+#[derive(Clone, Debug)]
+pub enum Delta {
+    /// A sampled token (before the text it produced).
+    Token {
+        id: u32,
+        logprobs: Option<TokenLogprobs>,
+    },
+    Reasoning(String),
+    Text(String),
+    Call(ToolCall),
+}
+
+/// How a run ended.
+#[derive(Clone, Debug)]
+pub struct Finish {
+    pub reason: FinishReason,
+    /// The stop string that ended the run, if one did.
+    pub stop_string: Option<String>,
+    pub timings: Timings,
+    pub calls: usize,
+}
+
+impl Finish {
+    /// Completion tokens as clients count them (the end token included).
+    pub fn completion_tokens(&self) -> usize {
+        self.timings.generated_tokens
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.timings.prompt_tokens
+    }
+
+    pub fn timings_out(&self) -> TimingsOut {
+        let t = &self.timings;
+        TimingsOut {
+            ttft_ms: t.ttft_ms(),
+            prompt_tokens: t.prompt_tokens,
+            cached_tokens: t.cached_tokens,
+            prefill_tokens_per_s: t.prefill_tps(),
+            decode_tokens_per_s: t.decode_tps(),
+        }
+    }
+}
+
+/// Server-side timings of a request, sent with its usage.
+#[derive(Clone, Debug, Serialize)]
+pub struct TimingsOut {
+    pub ttft_ms: f64,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+}
+
+pub enum Step {
+    Deltas(Vec<Delta>),
+    Done(Finish),
+    Failed(ApiError),
+}
+
+/// A request running on the engine. Dropping it cancels the generation.
+pub struct Run {
+    rx: mpsc::UnboundedReceiver<Event>,
+    splitter: ReasoningSplitter,
+    parser: Option<(CallParser, &'static str)>,
+    calls: usize,
+    /// The end, held while the last text goes out.
+    pending: Option<Finish>,
+    done: bool,
+}
+
+/// Check `job` against the context and queue it.
+pub fn start(state: &AppState, job: Job) -> Result<Run, ApiError> {
+    if job.prompt.is_empty() {
+        return Err(ApiError::bad("the prompt is empty", "prompt"));
+    }
+    if job.prompt.len() >= state.ctx {
+        return Err(ApiError::ContextLength {
+            prompt: job.prompt.len(),
+            ctx: state.ctx,
+        });
+    }
+    let room = state.ctx - job.prompt.len();
+    let max_tokens = job.max_tokens.map_or(room, |m| (m as usize).min(room));
+    if max_tokens == 0 {
+        return Err(ApiError::bad("max_tokens must be at least 1", "max_tokens"));
+    }
+    let req = GenerateRequest {
+        prompt: job.prompt,
+        max_tokens,
+        sampling: job.sampling,
+        stop: job.stop,
+    };
+    let rx = state.engine.submit(
+        req,
+        StreamOptions {
+            logprobs: job.logprobs,
+        },
+    )?;
+    Ok(Run::new(rx, state.reasoning, job.tools))
+}
+
+impl Run {
+    /// A run over engine events.
+    pub fn new(
+        rx: mpsc::UnboundedReceiver<Event>,
+        reasoning: Option<Delimiters>,
+        tools: Option<ToolParsing>,
+    ) -> Run {
+        Run {
+            rx,
+            splitter: ReasoningSplitter::new(reasoning),
+            parser: tools.map(|t| (CallParser::for_tools(t.names, &t.forced), t.id_prefix)),
+            calls: 0,
+            pending: None,
+            done: false,
+        }
+    }
+
+    /// The next step; cancel-safe (nothing is lost if the future is
+    /// dropped before it resolves).
+    pub async fn next(&mut self) -> Step {
+        if let Some(f) = self.pending.take() {
+            self.done = true;
+            return Step::Done(f);
+        }
+        if self.done {
+            return Step::Failed(ApiError::Internal("the run has ended".into()));
+        }
+        match self.rx.recv().await {
+            Some(Event::Token {
+                token,
+                text,
+                logprobs,
+            }) => {
+                let mut out = vec![Delta::Token {
+                    id: token,
+                    logprobs,
+                }];
+                let parts = self.splitter.push(&text);
+                self.route(parts, &mut out);
+                Step::Deltas(out)
+            }
+            Some(Event::Done(g)) => {
+                let mut out = Vec::new();
+                let parts = self.splitter.finish();
+                self.route(parts, &mut out);
+                if let Some((p, prefix)) = &mut self.parser {
+                    for x in p.finish() {
+                        out.push(self_call(x, prefix, &mut self.calls));
+                    }
+                }
+                let finish = Finish {
+                    reason: g.finish,
+                    stop_string: g.stop_string,
+                    timings: g.timings,
+                    calls: self.calls,
+                };
+                if out.is_empty() {
+                    self.done = true;
+                    Step::Done(finish)
+                } else {
+                    // Deliver the tail first; the next call reports Done.
+                    self.pending = Some(finish);
+                    Step::Deltas(out)
+                }
+            }
+            Some(Event::Failed(e)) => {
+                self.done = true;
+                Step::Failed(e.into())
+            }
+            None => {
+                self.done = true;
+                Step::Failed(ApiError::Internal("the engine dropped the request".into()))
+            }
+        }
+    }
+
+    fn route(&mut self, parts: Vec<Part>, out: &mut Vec<Delta>) {
+        for part in parts {
+            match part {
+                Part::Reasoning(r) => out.push(Delta::Reasoning(r)),
+                Part::Answer(a) => match &mut self.parser {
+                    None => out.push(Delta::Text(a)),
+                    Some((p, prefix)) => {
+                        for x in p.push(&a) {
+                            out.push(self_call(x, prefix, &mut self.calls));
+                        }
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn self_call(x: Parsed, prefix: &str, calls: &mut usize) -> Delta {
+    match x {
+        Parsed::Text(t) => Delta::Text(t),
+        Parsed::Call { name, arguments } => {
+            *calls += 1;
+            Delta::Call(ToolCall {
+                id: new_call_id(prefix),
+                name,
+                arguments,
+            })
+        }
+    }
+}
+
+/// Everything a run produced, for JSON answers.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub text: String,
+    pub reasoning: String,
+    pub calls: Vec<ToolCall>,
+    pub tokens: Vec<(u32, Option<TokenLogprobs>)>,
+}
+
+/// Run to the end.
+pub async fn collect(mut run: Run) -> Result<(Collected, Finish), ApiError> {
+    let mut c = Collected::default();
+    loop {
+        match run.next().await {
+            Step::Deltas(ds) => {
+                for d in ds {
+                    match d {
+                        Delta::Token { id, logprobs } => c.tokens.push((id, logprobs)),
+                        Delta::Reasoning(r) => c.reasoning.push_str(&r),
+                        Delta::Text(t) => c.text.push_str(&t),
+                        Delta::Call(call) => c.calls.push(call),
+                    }
+                }
+            }
+            Step::Done(f) => return Ok((c, f)),
+            Step::Failed(e) => return Err(e),
+        }
+    }
+}
+
+/// One SSE event: its `event:` name, if any, and its `data:` text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub event: Option<&'static str>,
+    pub data: String,
+}
+
+impl Frame {
+    fn into_sse(self) -> SseEvent {
+        let e = SseEvent::default().data(self.data);
+        match self.event {
+            Some(n) => e.event(n),
+            None => e,
+        }
+    }
+}
+
+/// A JSON event, optionally named.
+pub fn event(name: Option<&'static str>, data: &impl Serialize) -> Frame {
+    Frame {
+        event: name,
+        data: serde_json::to_string(data).unwrap_or_else(|_| "{}".into()),
+    }
+}
+
+/// OpenAI's end-of-stream marker.
+pub fn done() -> Frame {
+    Frame {
+        event: None,
+        data: "[DONE]".into(),
+    }
+}
+
+/// A surface's streaming shape: which SSE events each step becomes.
+pub trait Shape: Send + 'static {
+    fn start(&mut self) -> Vec<Frame>;
+    fn deltas(&mut self, deltas: Vec<Delta>) -> Vec<Frame>;
+    fn finish(&mut self, f: &Finish) -> Vec<Frame>;
+    fn error(&mut self, e: &ApiError) -> Vec<Frame>;
+    /// A keep-alive sent while nothing else is (Anthropic's `ping`).
+    fn ping(&mut self) -> Option<Frame> {
+        None
+    }
+}
+
+/// How long a stream may stay silent before a keep-alive.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
+/// Stream `run` as SSE in `shape`. The stream ends after the final event;
+/// when the client goes away the run is dropped, which cancels it.
+pub fn sse(
+    state: Arc<AppState>,
+    surface: &'static str,
+    mut run: Run,
+    mut shape: impl Shape,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<SseEvent>(64);
+    tokio::spawn(async move {
+        let metrics = state.engine.metrics().clone();
+        let send_all = |evs: Vec<Frame>| {
+            let tx = tx.clone();
+            async move {
+                for e in evs {
+                    if tx.send(e.into_sse()).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+        };
+        if !send_all(shape.start()).await {
+            metrics.request(surface, "cancelled");
+            return;
+        }
+        loop {
+            let step = match tokio::time::timeout(PING_EVERY, run.next()).await {
+                Ok(step) => step,
+                Err(_) => {
+                    if let Some(p) = shape.ping() {
+                        if tx.send(p.into_sse()).await.is_err() {
+                            metrics.request(surface, "cancelled");
+                            return;
+                        }
+                    }
+                    continue;
+                }
+            };
+            let (events, outcome) = match step {
+                Step::Deltas(ds) => (shape.deltas(ds), None),
+                Step::Done(f) => (shape.finish(&f), Some("ok")),
+                Step::Failed(e) => {
+                    metrics.refusal(e.reason());
+                    (shape.error(&e), Some(e.reason()))
+                }
+            };
+            if !send_all(events).await {
+                metrics.request(surface, "cancelled");
+                return;
+            }
+            if let Some(o) = outcome {
+                metrics.request(surface, o);
+                return;
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    Sse::new(stream).into_response()
+}
+
+/// Runs over scripted engine events, for the surfaces' stream tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use crate::generate::Generation;
+    use crate::reasoning::Delimiters;
+
+    /// A run whose engine "generates" `pieces` (one token each).
+    pub fn scripted(
+        pieces: &[&str],
+        reasoning: Option<Delimiters>,
+        tools: Option<ToolParsing>,
+    ) -> Run {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (i, p) in pieces.iter().enumerate() {
+            tx.send(Event::Token {
+                token: i as u32,
+                text: (*p).to_string(),
+                logprobs: None,
+            })
+            .unwrap();
+        }
+        tx.send(Event::Done(Generation {
+            tokens: (0..pieces.len() as u32).collect(),
+            text: pieces.concat(),
+            finish: FinishReason::Stop,
+            stop_string: None,
+            timings: Timings {
+                prompt_tokens: 20,
+                generated_tokens: pieces.len() + 1,
+                ..Timings::default()
+            },
+        }))
+        .unwrap();
+        Run::new(rx, reasoning, tools)
+    }
+
+    /// Text, then a call envelope split at awkward places.
+    pub fn envelope_run(forced: Option<&str>) -> Run {
+        scripted(
+            &[
+                "Let me",
+                " check.\n<tool",
+                "_call>\n{\"name\": \"get_",
+                "weather\", \"arguments\": {\"city\":",
+                " \"Paris\"}}\n</tool_",
+                "call>",
+                "\n",
+                "",
+            ],
+            None,
+            Some(ToolParsing {
+                id_prefix: "call_",
+                names: vec!["get_weather".into()],
+                forced: forced.unwrap_or_default().to_string(),
+            }),
+        )
+    }
+
+    /// A family that thinks between `<think>` tags.
+    pub fn thinking_run() -> Run {
+        scripted(
+            &["<think>France's", " capital is Paris.</th", "ink>Paris."],
+            Some(Delimiters {
+                open: "<think>",
+                close: "</think>",
+                starts_inside: false,
+            }),
+            None,
+        )
+    }
+
+    /// A run that streams `pieces` and then loses its engine.
+    pub fn failing_run(pieces: &[&str]) -> Run {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (i, p) in pieces.iter().enumerate() {
+            tx.send(Event::Token {
+                token: i as u32,
+                text: (*p).to_string(),
+                logprobs: None,
+            })
+            .unwrap();
+        }
+        Run::new(rx, None, None)
+    }
+
+    /// Every frame `shape` produces for `run`.
+    pub async fn drive(mut run: Run, mut shape: impl Shape) -> Vec<Frame> {
+        let mut out = shape.start();
+        loop {
+            match run.next().await {
+                Step::Deltas(ds) => out.extend(shape.deltas(ds)),
+                Step::Done(f) => {
+                    out.extend(shape.finish(&f));
+                    return out;
+                }
+                Step::Failed(e) => {
+                    out.extend(shape.error(&e));
+                    return out;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    #[tokio::test]
+    async fn a_generated_envelope_becomes_a_tool_call() {
+        let (c, f) = collect(envelope_run(None)).await.unwrap();
+        assert_eq!(c.text, "Let me check.\n");
+        assert_eq!(c.calls.len(), 1);
+        assert_eq!(c.calls[0].name, "get_weather");
+        assert_eq!(c.calls[0].arguments, "{\"city\":\"Paris\"}");
+        assert!(c.calls[0].id.starts_with("call_"));
+        assert_eq!(f.calls, 1);
+        assert_eq!(c.tokens.len(), 8);
+    }
+
+    #[tokio::test]
+    async fn reasoning_is_kept_out_of_the_answer() {
+        let (c, _) = collect(thinking_run()).await.unwrap();
+        assert_eq!(c.reasoning, "France's capital is Paris.");
+        assert_eq!(c.text, "Paris.");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_engine_is_an_error() {
+        let (tx, rx) = mpsc::unbounded_channel::<Event>();
+        drop(tx);
+        assert!(collect(Run::new(rx, None, None)).await.is_err());
+    }
+}

@@ -1,0 +1,145 @@
+//! Where the weights live: sealed host memfds ([`host`]) or CUDA VMM
+//! allocations ([`vmm`]). Both hand out one file descriptor per region.
+
+pub mod host;
+pub mod vmm;
+
+use std::os::fd::{AsFd, BorrowedFd};
+
+use ds4_proto::manifest::{BackendKind, DeviceEntry};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("host memory")]
+    Host(#[from] std::io::Error),
+    #[error(transparent)]
+    Vmm(#[from] vmm::VmmError),
+}
+
+/// The memory a backend sees, for the preflight and the log.
+#[derive(Clone, Debug)]
+pub struct MemoryView {
+    /// What is free now (device free, or host MemAvailable).
+    pub available: u64,
+    pub total: u64,
+    pub what: &'static str,
+}
+
+/// Host memory from `/proc/meminfo`.
+pub fn host_memory() -> MemoryView {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |key: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    MemoryView {
+        available: field("MemAvailable:"),
+        total: field("MemTotal:"),
+        what: "host MemAvailable",
+    }
+}
+
+/// Regions being filled or filled, one fd each.
+pub enum Store {
+    Host(Vec<host::HostRegion>),
+    /// Fields drop in order: the allocations and staging buffers go
+    /// before the device releases its context.
+    Vmm {
+        regions: Vec<vmm::Allocation>,
+        stager: Option<vmm::Stager>,
+        device: vmm::Device,
+    },
+}
+
+/// Page size of host regions.
+pub const HOST_GRANULARITY: u64 = 4096;
+/// Pinned staging buffer size of each of the two vmm buffers.
+pub const STAGING_BYTES: usize = 64 << 20;
+
+impl Store {
+    pub fn create_host(region_bytes: &[u64]) -> Result<Store, BackendError> {
+        let regions = region_bytes
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| host::HostRegion::create(i as u32, b))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Store::Host(regions))
+    }
+
+    pub fn create_vmm(device: vmm::Device, region_bytes: &[u64]) -> Result<Store, BackendError> {
+        let regions = region_bytes
+            .iter()
+            .map(|&b| device.allocate(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let stager = Some(vmm::Stager::new(STAGING_BYTES)?);
+        Ok(Store::Vmm {
+            device,
+            regions,
+            stager,
+        })
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Store::Host(_) => BackendKind::Host,
+            Store::Vmm { .. } => BackendKind::Vmm,
+        }
+    }
+
+    pub fn device(&self) -> Option<DeviceEntry> {
+        match self {
+            Store::Host(_) => None,
+            Store::Vmm { device, .. } => Some(DeviceEntry {
+                ordinal: device.ordinal,
+                uuid: device.uuid.clone(),
+                arch: device.arch.clone(),
+            }),
+        }
+    }
+
+    pub fn write(&mut self, region: u32, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        match self {
+            Store::Host(r) => Ok(r[region as usize].write_at(offset, data)?),
+            Store::Vmm {
+                regions, stager, ..
+            } => {
+                let stager = stager.as_mut().expect("stager lives until finish");
+                Ok(stager.upload(&regions[region as usize], offset, data)?)
+            }
+        }
+    }
+
+    /// Complete the upload: seal host regions, wait for device copies.
+    pub fn finish(&mut self) -> Result<(), BackendError> {
+        match self {
+            Store::Host(r) => {
+                for region in r {
+                    region.seal()?;
+                }
+            }
+            Store::Vmm { stager, .. } => {
+                if let Some(mut s) = stager.take() {
+                    s.finish()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        match self {
+            Store::Host(r) => r.iter().map(|x| x.fd()).collect(),
+            Store::Vmm { regions, .. } => regions.iter().map(|a| a.fd().as_fd()).collect(),
+        }
+    }
+
+    pub fn bytes_resident(&self) -> u64 {
+        match self {
+            Store::Host(r) => r.iter().map(|x| x.bytes()).sum(),
+            Store::Vmm { regions, .. } => regions.iter().map(|a| a.bytes()).sum(),
+        }
+    }
+}

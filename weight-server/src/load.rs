@@ -1,0 +1,239 @@
+//! Open, validate, plan, allocate and upload: everything the owner does
+//! before it can publish a manifest.
+
+use std::path::{Path, PathBuf};
+
+use ds4_kernels::CpuBackend;
+use ds4_model::gguf::GgufFile;
+use ds4_model::{Family, Model, ModelError};
+use ds4_proto::layout::{ContentHasher, Plan, MAX_REGION_BYTES};
+use ds4_proto::manifest::{ModelEntry, RegionEntry, Scope};
+
+use crate::backend::{self, vmm, BackendError, Store, HOST_GRANULARITY};
+use crate::plan;
+use crate::progress::Progress;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot open model {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: ds4_model::gguf::GgufError,
+    },
+    #[error("model {path} is not supported: {source}")]
+    Unsupported { path: PathBuf, source: ModelError },
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// Which backend to place weights in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    Vmm,
+    Host,
+}
+
+impl BackendChoice {
+    /// `vmm` when a CUDA device is usable, else `host`.
+    pub fn detect() -> BackendChoice {
+        if vmm::usable() {
+            BackendChoice::Vmm
+        } else {
+            BackendChoice::Host
+        }
+    }
+}
+
+/// Open the model and check it against its family contract. The check
+/// binds views of the file mapping to the CPU reference backend; no weight
+/// memory is allocated.
+pub fn open_and_validate(path: &Path) -> Result<(GgufFile, Family), LoadError> {
+    let file = GgufFile::open(path).map_err(|source| LoadError::Open {
+        path: path.into(),
+        source,
+    })?;
+    let unsupported = |source| LoadError::Unsupported {
+        path: path.into(),
+        source,
+    };
+    let family = ds4_model::families::detect(&file).map_err(unsupported)?;
+    Model::load(&file, &CpuBackend::new()).map_err(unsupported)?;
+    Ok((file, family))
+}
+
+/// The model entry of the manifest, without the content identity.
+pub fn model_entry(file: &GgufFile, family: Family) -> ModelEntry {
+    ModelEntry {
+        family: family.name().to_string(),
+        architecture: file.architecture().unwrap_or_default().to_string(),
+        shards: plan::shard_entries(file),
+        layout_identity: plan::layout_identity(file),
+        content_identity: String::new(),
+    }
+}
+
+/// Granularity and plan for a backend.
+pub fn plan_for(file: &GgufFile, granularity: u64) -> Plan {
+    plan::plan_file(file, granularity, MAX_REGION_BYTES)
+}
+
+/// The result of a load.
+pub struct Loaded {
+    pub model: ModelEntry,
+    pub scope: Scope,
+    pub store: Store,
+}
+
+/// Allocate the regions of `plan` in `store` and upload every tensor,
+/// hashing the bytes on the way (the content identity).
+pub fn upload(
+    file: &GgufFile,
+    family: Family,
+    plan: &Plan,
+    mut store: Store,
+    progress: &mut Progress<'_>,
+) -> Result<Loaded, LoadError> {
+    const CHUNK: usize = 16 << 20;
+    let mut hasher = ContentHasher::new();
+    for (t, p) in file.tensors().iter().zip(&plan.placements) {
+        let data = file.tensor_data(t);
+        let mut at = p.offset;
+        for chunk in data.chunks(CHUNK) {
+            hasher.update(chunk);
+            store.write(p.region, at, chunk)?;
+            at += chunk.len() as u64;
+            progress.add(chunk.len() as u64);
+        }
+    }
+    store.finish()?;
+    progress.finish();
+    let mut model = model_entry(file, family);
+    model.content_identity = hasher.finish();
+    let scope = Scope {
+        regions: plan
+            .region_bytes
+            .iter()
+            .enumerate()
+            .map(|(i, &bytes)| RegionEntry {
+                id: i as u32,
+                bytes,
+            })
+            .collect(),
+        tensors: plan::tensor_entries(file, plan),
+    };
+    Ok(Loaded {
+        model,
+        scope,
+        store,
+    })
+}
+
+/// Fill `regions` regions of `region_bytes` each with the synthetic
+/// pattern (device import measurements; no model).
+pub fn upload_synthetic(
+    plan: &Plan,
+    mut store: Store,
+    progress: &mut Progress<'_>,
+) -> Result<Loaded, LoadError> {
+    use ds4_proto::layout::{synthetic_byte, synthetic_identity, SYNTHETIC_FAMILY};
+    const CHUNK: usize = 64 << 20;
+    for (r, &bytes) in plan.region_bytes.iter().enumerate() {
+        let chunk: Vec<u8> = (0..CHUNK as u64)
+            .map(|o| synthetic_byte(r as u32, o))
+            .collect();
+        let mut at = 0u64;
+        while at < bytes {
+            let n = (bytes - at).min(CHUNK as u64) as usize;
+            store.write(r as u32, at, &chunk[..n])?;
+            at += n as u64;
+            progress.add(n as u64);
+        }
+    }
+    store.finish()?;
+    progress.finish();
+    let identity = synthetic_identity(&plan.region_bytes);
+    Ok(Loaded {
+        model: ModelEntry {
+            family: SYNTHETIC_FAMILY.into(),
+            architecture: String::new(),
+            shards: vec![],
+            layout_identity: identity.clone(),
+            content_identity: identity,
+        },
+        scope: Scope {
+            regions: plan
+                .region_bytes
+                .iter()
+                .enumerate()
+                .map(|(i, &bytes)| RegionEntry {
+                    id: i as u32,
+                    bytes,
+                })
+                .collect(),
+            tensors: vec![],
+        },
+        store,
+    })
+}
+
+/// A plan of `total` bytes in regions of at most [`MAX_REGION_BYTES`].
+pub fn synthetic_plan(total: u64, granularity: u64) -> Plan {
+    let g = granularity.max(1);
+    let max = MAX_REGION_BYTES / g * g;
+    let mut left = total.div_ceil(g) * g;
+    let mut region_bytes = Vec::new();
+    while left > 0 {
+        let b = left.min(max);
+        region_bytes.push(b);
+        left -= b;
+    }
+    Plan {
+        region_bytes,
+        placements: vec![],
+    }
+}
+
+/// Open the backend's memory and plan for it (allocates nothing yet).
+pub enum Target {
+    Host,
+    Vmm(vmm::Device),
+}
+
+impl Target {
+    pub fn open(choice: BackendChoice, device: u32) -> Result<Target, LoadError> {
+        Ok(match choice {
+            BackendChoice::Host => Target::Host,
+            BackendChoice::Vmm => {
+                Target::Vmm(vmm::Device::open(device).map_err(BackendError::from)?)
+            }
+        })
+    }
+
+    pub fn granularity(&self) -> Result<u64, LoadError> {
+        Ok(match self {
+            Target::Host => HOST_GRANULARITY,
+            Target::Vmm(d) => d.granularity().map_err(BackendError::from)?,
+        })
+    }
+
+    pub fn memory(&self) -> Result<backend::MemoryView, LoadError> {
+        Ok(match self {
+            Target::Host => backend::host_memory(),
+            Target::Vmm(d) => {
+                let (free, total) = d.mem_info().map_err(BackendError::from)?;
+                backend::MemoryView {
+                    available: free,
+                    total,
+                    what: "device free",
+                }
+            }
+        })
+    }
+
+    pub fn allocate(self, plan: &Plan) -> Result<Store, LoadError> {
+        Ok(match self {
+            Target::Host => Store::create_host(&plan.region_bytes)?,
+            Target::Vmm(d) => Store::create_vmm(d, &plan.region_bytes)?,
+        })
+    }
+}
