@@ -3,8 +3,8 @@
 //! A family that thinks declares the delimiters its model writes around
 //! its reasoning ([`Delimiters`]); [`ReasoningSplitter`] then splits the
 //! streamed text into reasoning and answer, so each API can send reasoning
-//! in its own shape and never mixed into the answer. No family served
-//! today thinks ([`delimiters_for`] returns `None` for all of them).
+//! in its own shape and never mixed into the answer. DeepSeek V4 thinks
+//! between `<think>` and `</think>`; llama does not think.
 
 use ds4_model::families::Family;
 
@@ -22,8 +22,29 @@ pub struct Delimiters {
 
 /// The reasoning delimiters of `family`, if it has any.
 pub fn delimiters_for(family: Family) -> Option<Delimiters> {
-    let _ = family;
-    None
+    match family {
+        Family::Llama => None,
+        Family::DeepSeek4 => Some(DEEPSEEK4),
+    }
+}
+
+/// DeepSeek V4's reasoning delimiters, for prompts that do not open the
+/// reasoning themselves (a thinking-mode chat prompt ends with `<think>`:
+/// see [`Delimiters::inside`]).
+pub const DEEPSEEK4: Delimiters = Delimiters {
+    open: "<think>",
+    close: "</think>",
+    starts_inside: false,
+};
+
+impl Delimiters {
+    /// The same delimiters for a prompt that already opened the reasoning.
+    pub fn inside(self) -> Delimiters {
+        Delimiters {
+            starts_inside: true,
+            ..self
+        }
+    }
 }
 
 /// One piece of split text.
@@ -152,5 +173,13 @@ mod tests {
             (String::new(), "<think>x</think>y".into())
         );
         assert_eq!(delimiters_for(Family::Llama), None);
+        assert_eq!(
+            run(
+                delimiters_for(Family::DeepSeek4).map(Delimiters::inside),
+                "r</think>a",
+                1
+            ),
+            ("r".into(), "a".into())
+        );
     }
 }

@@ -56,6 +56,8 @@ pub enum PromptError {
 pub struct Prompter {
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<Arc<ChatTemplate>>,
+    /// The model's family (its prompt and tool protocol).
+    pub family: ds4_model::families::Family,
 }
 
 impl Prompter {
@@ -140,7 +142,7 @@ impl<B: Backend> LoadedModel<B> {
         t0: Instant,
     ) -> Result<LoadedModel<B>, LoadError> {
         // Validate before placing any bytes.
-        ds4_model::families::detect(file).map_err(|source| LoadError::Model {
+        let family = ds4_model::families::detect(file).map_err(|source| LoadError::Model {
             path: path.into(),
             source,
         })?;
@@ -177,6 +179,7 @@ impl<B: Backend> LoadedModel<B> {
         let prompter = Prompter {
             tokenizer: Arc::new(tokenizer),
             template: template.map(Arc::new),
+            family,
         };
         Ok(LoadedModel {
             backend,

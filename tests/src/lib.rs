@@ -31,6 +31,27 @@ pub fn model_path() -> PathBuf {
     root
 }
 
+/// The miniature DeepSeek V4 model (`ds4-tiny.gguf` in `DS4_TINY_DIR`,
+/// else in `target/ds4-tiny`; `./scripts/gen-ds4-tiny.sh` makes it).
+pub fn tiny_model_path() -> PathBuf {
+    let dir = std::env::var_os("DS4_TINY_DIR").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join("target")
+                .join("ds4-tiny")
+        },
+        PathBuf::from,
+    );
+    let p = dir.join("ds4-tiny.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing; run ./scripts/gen-ds4-tiny.sh (./scripts/test.sh does) or set DS4_TINY_DIR",
+        p.display()
+    );
+    p
+}
+
 /// A workspace binary built next to the running test executable.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -67,11 +88,16 @@ impl Server {
     /// Start `ds4-server` on the default model with extra arguments and
     /// wait until `/health` answers.
     pub fn start(extra: &[&str]) -> Server {
+        Server::start_model(&model_path(), extra)
+    }
+
+    /// Start `ds4-server` on `model` with extra arguments and wait until
+    /// `/health` answers.
+    pub fn start_model(model: &std::path::Path, extra: &[&str]) -> Server {
         let port = free_port();
-        let model = model_path();
         let child = Command::new(binary("ds4-server"))
             .arg("-m")
-            .arg(&model)
+            .arg(model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(extra)
             .env("RUST_LOG", "warn")

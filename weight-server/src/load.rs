@@ -94,21 +94,35 @@ pub fn upload(
     progress: &mut Progress<'_>,
 ) -> Result<Loaded, LoadError> {
     const CHUNK: usize = 16 << 20;
-    let mut hasher = ContentHasher::new();
-    for (t, p) in file.tensors().iter().zip(&plan.placements) {
-        let data = file.tensor_data(t);
-        let mut at = p.offset;
-        for chunk in data.chunks(CHUNK) {
-            hasher.update(chunk);
-            store.write(p.region, at, chunk)?;
-            at += chunk.len() as u64;
-            progress.add(chunk.len() as u64);
+    // The content identity is hashed on its own thread while this one
+    // writes the same chunks into the regions.
+    let content_identity = std::thread::scope(|s| -> Result<String, LoadError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<&[u8]>(8);
+        let hasher = s.spawn(move || {
+            let mut h = ContentHasher::new();
+            for chunk in rx {
+                h.update(chunk);
+            }
+            h.finish()
+        });
+        for (t, p) in file.tensors().iter().zip(&plan.placements) {
+            let data = file.tensor_data(t);
+            let mut at = p.offset;
+            for chunk in data.chunks(CHUNK) {
+                tx.send(chunk)
+                    .expect("the hasher runs until the sender is dropped");
+                store.write(p.region, at, chunk)?;
+                at += chunk.len() as u64;
+                progress.add(chunk.len() as u64);
+            }
         }
-    }
+        drop(tx);
+        Ok(hasher.join().expect("hasher thread"))
+    })?;
     store.finish()?;
     progress.finish();
     let mut model = model_entry(file, family);
-    model.content_identity = hasher.finish();
+    model.content_identity = content_identity;
     let scope = Scope {
         regions: plan
             .region_bytes

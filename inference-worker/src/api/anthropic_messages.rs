@@ -17,12 +17,14 @@ use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{ApiError, AppState, Reply, SamplingFields};
 use crate::generate::FinishReason;
 use crate::tools::{new_call_id, ToolCall, ToolChoice, ToolSpec};
+use ds4_model::prompt::deepseek4::Thinking;
 
 const SURFACE: &str = "messages";
 
-/// A Messages request. Fields we do not act on (`thinking`, `metadata`,
-/// `context_management`, `output_config`, ...) are accepted and ignored:
-/// reasoning goes out as thinking blocks whenever the family produces it.
+/// A Messages request. Fields we do not act on (`metadata`,
+/// `context_management`, `output_config`, ...) are accepted and ignored.
+/// Reasoning goes out as thinking blocks whenever the family produces it;
+/// `thinking` selects the thinking mode of families that think.
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
     #[serde(default)]
@@ -39,6 +41,40 @@ pub struct MessagesRequest {
     pub stop_sequences: Vec<String>,
     #[serde(default)]
     pub stream: bool,
+    /// `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`.
+    pub thinking: Option<Value>,
+}
+
+/// The request's tools with their raw `input_schema`, to show DSML the
+/// client's bytes.
+#[derive(Deserialize)]
+struct RawTools<'a> {
+    #[serde(borrow, default)]
+    tools: Vec<RawTool<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawTool<'a> {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(borrow, default)]
+    input_schema: Option<&'a serde_json::value::RawValue>,
+}
+
+fn attach_raw_tools(c: &mut Conversation, body: &[u8]) {
+    let Ok(raw) = serde_json::from_slice::<RawTools<'_>>(body) else {
+        return;
+    };
+    let raw = raw.tools.into_iter().filter(|t| t.input_schema.is_some());
+    for (spec, r) in c.tools.iter_mut().zip(raw) {
+        spec.raw = Some(convo::function_json(
+            &r.name,
+            r.description.as_deref(),
+            r.input_schema.map(|p| p.get()),
+        ));
+    }
 }
 
 /// A string or a list of content blocks.
@@ -155,7 +191,10 @@ fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
                     };
                     c.turns.push(Turn::new(Role::Tool, content));
                 }
-                // Earlier thinking is not shown to the model again.
+                // Earlier thinking, for families that keep it.
+                Some("thinking") if role == Role::Assistant => {
+                    c.push_reasoning(&field("thinking").unwrap_or_default())
+                }
                 Some("thinking" | "redacted_thinking") => {}
                 other => {
                     return Err(ApiError::bad(
@@ -174,6 +213,7 @@ fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
             name: t.name.clone(),
             description: t.description.clone(),
             parameters: schema_or_empty(t.input_schema.clone()),
+            raw: None,
         })
         .collect();
     c.choice = match &req.tool_choice {
@@ -191,6 +231,16 @@ fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
             }
         },
     };
+    c.thinking = match req
+        .thinking
+        .as_ref()
+        .and_then(|t| t.get("type"))
+        .and_then(Value::as_str)
+    {
+        Some("disabled") => Some(Thinking::Off),
+        Some(_) => Some(Thinking::High),
+        None => None,
+    };
     Ok(c)
 }
 
@@ -201,10 +251,16 @@ fn check(state: &AppState, req: &MessagesRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn render(state: &AppState, req: &MessagesRequest) -> Result<convo::Rendered, ApiError> {
-    let convo = conversation(req)?;
+async fn render(
+    state: &AppState,
+    req: &MessagesRequest,
+    body: &[u8],
+) -> Result<convo::Rendered, ApiError> {
+    let mut convo = conversation(req)?;
+    attach_raw_tools(&mut convo, body);
     let prompter = state.prompter.clone();
-    tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "toolu_"))
+    let opts = state.render_options();
+    tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "toolu_", &opts))
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?
 }
@@ -214,9 +270,10 @@ pub async fn count_tokens(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let req: MessagesRequest = parse_json(&state.body(body)?)?;
+        let body = state.body(body)?;
+        let req: MessagesRequest = parse_json(&body)?;
         check(&state, &req)?;
-        let rendered = render(&state, &req).await?;
+        let rendered = render(&state, &req, &body).await?;
         Ok::<_, ApiError>(Reply::Json(
             Json(json!({"input_tokens": rendered.tokens.len()})).into_response(),
         ))
@@ -245,7 +302,8 @@ async fn inner(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Reply, ApiError> {
-    let req: MessagesRequest = parse_json(&state.body(body)?)?;
+    let body = state.body(body)?;
+    let req: MessagesRequest = parse_json(&body)?;
     check(&state, &req)?;
     let max_tokens = req
         .max_tokens
@@ -257,7 +315,7 @@ async fn inner(
             "stop_sequences",
         ));
     }
-    let rendered = render(&state, &req).await?;
+    let rendered = render(&state, &req, &body).await?;
     let prompt_tokens = rendered.tokens.len();
     let job = Job {
         prompt: rendered.tokens,
@@ -266,6 +324,7 @@ async fn inner(
         stop: req.stop_sequences.clone(),
         logprobs: None,
         tools: rendered.tools,
+        reasoning: rendered.reasoning,
     };
     let run = run::start(&state, job)?;
     let id = new_call_id("msg_");
@@ -281,6 +340,26 @@ async fn inner(
         return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
     }
     let (c, f) = run::collect(run).await?;
+    let content = blocks(c);
+    let (stop_reason, stop_sequence) = stop_reason(&f);
+    Ok(Reply::Json(
+        Json(MessageObject {
+            id,
+            kind: "message",
+            role: "assistant",
+            model,
+            content,
+            stop_reason: Some(stop_reason),
+            stop_sequence,
+            usage: usage(&f),
+            timings: Some(f.timings_out()),
+        })
+        .into_response(),
+    ))
+}
+
+/// A collected answer's content blocks: thinking, text, tool uses.
+fn blocks(c: run::Collected) -> Vec<Block> {
     let mut content = Vec::new();
     if !c.reasoning.is_empty() {
         content.push(Block::Thinking {
@@ -298,21 +377,7 @@ async fn inner(
             input: input_of(&call.arguments),
         });
     }
-    let (stop_reason, stop_sequence) = stop_reason(&f);
-    Ok(Reply::Json(
-        Json(MessageObject {
-            id,
-            kind: "message",
-            role: "assistant",
-            model,
-            content,
-            stop_reason: Some(stop_reason),
-            stop_sequence,
-            usage: usage(&f),
-            timings: Some(f.timings_out()),
-        })
-        .into_response(),
-    ))
+    content
 }
 
 fn input_of(arguments: &str) -> Value {
@@ -383,6 +448,7 @@ struct Usage {
 enum OpenBlock {
     Text,
     Thinking,
+    ToolUse,
 }
 
 struct MessagesStream {
@@ -413,8 +479,8 @@ impl MessagesStream {
         if self.open != Some(kind) {
             self.close(out);
             let block = match kind {
-                OpenBlock::Text => json!({"type": "text", "text": ""}),
                 OpenBlock::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+                OpenBlock::Text | OpenBlock::ToolUse => json!({"type": "text", "text": ""}),
             };
             out.push(ev(
                 "content_block_start",
@@ -423,8 +489,8 @@ impl MessagesStream {
             self.open = Some(kind);
         }
         let delta = match kind {
-            OpenBlock::Text => json!({"type": "text_delta", "text": t}),
             OpenBlock::Thinking => json!({"type": "thinking_delta", "thinking": t}),
+            OpenBlock::Text | OpenBlock::ToolUse => json!({"type": "text_delta", "text": t}),
         };
         out.push(ev(
             "content_block_delta",
@@ -464,16 +530,20 @@ impl Shape for MessagesStream {
                 Delta::Token { .. } => {}
                 Delta::Text(t) => self.text(&mut out, t, OpenBlock::Text),
                 Delta::Reasoning(t) => self.text(&mut out, t, OpenBlock::Thinking),
-                Delta::Call(c) => {
+                Delta::CallStart { id, name, .. } => {
                     self.close(&mut out);
-                    let i = self.index;
-                    out.push(ev("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}})));
-                    out.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": c.arguments}})));
-                    out.push(ev(
-                        "content_block_stop",
-                        json!({"type": "content_block_stop", "index": i}),
-                    ));
-                    self.index += 1;
+                    out.push(ev("content_block_start", json!({"type": "content_block_start", "index": self.index, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})));
+                    self.open = Some(OpenBlock::ToolUse);
+                }
+                Delta::CallArgs { delta, .. } => {
+                    if self.open == Some(OpenBlock::ToolUse) {
+                        out.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": self.index, "delta": {"type": "input_json_delta", "partial_json": delta}})));
+                    }
+                }
+                Delta::CallEnd => {
+                    if self.open == Some(OpenBlock::ToolUse) {
+                        self.close(&mut out);
+                    }
                 }
             }
         }
@@ -566,6 +636,83 @@ mod tests {
         assert_eq!(ev[n - 3].1["index"], 1);
         assert_eq!(ev[n - 2].1["delta"]["stop_reason"], "tool_use");
         assert_eq!(ev[n - 2].1["usage"]["output_tokens"], 9);
+    }
+
+    #[tokio::test]
+    async fn a_deepseek_dsml_call_is_a_tool_use_block_with_streamed_input() {
+        use crate::api::run::testing::{dsml_run, DSML_ARGS, DSML_REASONING};
+        let ev = events(&drive(dsml_run(None), shape()).await);
+        let starts: Vec<&Value> = ev
+            .iter()
+            .filter(|e| e.0 == "content_block_start")
+            .map(|e| &e.1)
+            .collect();
+        let kinds: Vec<&str> = starts
+            .iter()
+            .map(|s| s["content_block"]["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["thinking", "text", "tool_use"]);
+        assert_eq!(starts[2]["index"], 2);
+        assert_eq!(starts[2]["content_block"]["name"], "get_weather");
+        assert_eq!(starts[2]["content_block"]["input"], json!({}));
+        let field =
+            |k: &str| -> String { ev.iter().filter_map(|e| e.1["delta"][k].as_str()).collect() };
+        assert_eq!(field("thinking"), DSML_REASONING);
+        assert_eq!(field("text"), "Checking.");
+        let partial: Vec<&str> = ev
+            .iter()
+            .filter(|e| e.1["delta"]["type"] == "input_json_delta")
+            .map(|e| {
+                assert_eq!(e.1["index"], 2);
+                e.1["delta"]["partial_json"].as_str().unwrap()
+            })
+            .collect();
+        assert!(partial.len() > 3, "input is streamed: {partial:?}");
+        assert_eq!(partial.concat(), DSML_ARGS);
+        let stops = ev.iter().filter(|e| e.0 == "content_block_stop").count();
+        assert_eq!(stops, 3);
+        let n = ev.len();
+        assert_eq!(ev[n - 2].1["delta"]["stop_reason"], "tool_use");
+        assert_eq!(ev[n - 2].1["delta"]["stop_sequence"], Value::Null);
+
+        // Not streamed.
+        let (c, f) = crate::api::run::collect(dsml_run(None)).await.unwrap();
+        assert_eq!(stop_reason(&f), ("tool_use", None));
+        let b = serde_json::to_value(blocks(c)).unwrap();
+        assert_eq!(b[0]["type"], "thinking");
+        assert_eq!(b[0]["thinking"], DSML_REASONING);
+        assert_eq!(b[1]["text"], "Checking.");
+        assert_eq!(b[2]["type"], "tool_use");
+        assert_eq!(b[2]["input"], json!({"city": "Rome", "days": 1}));
+    }
+
+    #[test]
+    fn a_deepseek_messages_request_renders_the_spec_prompt() {
+        use crate::api::convo::testing::{
+            api_prompt, renderer_prompt, PARAMETERS, REASONING, RESULT, SYSTEM, USER,
+        };
+        let q = |s: &str| serde_json::to_string(s).unwrap();
+        let body = |thinking: &str| {
+            format!(
+                r#"{{"model":"m","max_tokens":100,"system":{},"messages":[{{"role":"user","content":{}}},{{"role":"assistant","content":[{{"type":"thinking","thinking":{},"signature":"sig"}},{{"type":"tool_use","id":"toolu_0","name":"get_weather","input":{{"city": "Rome", "days": 1}}}}]}},{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"toolu_0","content":{}}}]}}],"tools":[{{"name":"get_weather","description":"Get current weather for a city","input_schema":{PARAMETERS}}}],"thinking":{thinking}}}"#,
+                q(SYSTEM),
+                q(USER),
+                q(REASONING),
+                q(RESULT),
+            )
+        };
+        let prompt = |b: &str| {
+            let req: MessagesRequest = serde_json::from_str(b).unwrap();
+            let mut c = conversation(&req).unwrap();
+            attach_raw_tools(&mut c, b.as_bytes());
+            (c.thinking, api_prompt(&c, &Default::default()))
+        };
+        let (thinking, p) = prompt(&body(r#"{"type":"enabled","budget_tokens":1024}"#));
+        assert_eq!(thinking, Some(Thinking::High));
+        assert_eq!(p, renderer_prompt());
+        let (thinking, p) = prompt(&body(r#"{"type":"disabled"}"#));
+        assert_eq!(thinking, Some(Thinking::Off));
+        assert!(p.ends_with("<｜Assistant｜></think>"));
     }
 
     #[tokio::test]

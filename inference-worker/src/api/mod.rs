@@ -37,6 +37,7 @@ use crate::engine::EngineHandle;
 use crate::reasoning::Delimiters;
 use crate::runtime::Prompter;
 use crate::sampler::SamplingParams;
+use crate::tools::ReplayStore;
 pub use error::ApiError;
 
 /// Default largest request body (a long agent conversation fits easily).
@@ -82,6 +83,8 @@ pub struct AppState {
     pub cors: bool,
     pub max_body_bytes: usize,
     pub reasoning: Option<Delimiters>,
+    /// Sampled tool-call bytes by call id, for exact replay of history.
+    pub replay: Arc<ReplayStore>,
 }
 
 impl AppState {
@@ -103,6 +106,15 @@ impl AppState {
             cors: opts.cors,
             max_body_bytes: opts.max_body_bytes,
             reasoning: opts.reasoning,
+            replay: Arc::new(ReplayStore::default()),
+        }
+    }
+
+    /// What prompt rendering needs from the server.
+    pub fn render_options(&self) -> convo::RenderOptions {
+        convo::RenderOptions {
+            ctx: self.ctx,
+            replay: self.replay.clone(),
         }
     }
 

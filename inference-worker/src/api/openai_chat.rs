@@ -17,6 +17,7 @@ use super::{stop_list, ApiError, AppState, Reply, SamplingFields, Stop};
 use crate::generate::{FinishReason, TokenLogprobs};
 use crate::runtime::Prompter;
 use crate::tools::{new_call_id, ToolCall, ToolChoice, ToolSpec};
+use ds4_model::prompt::deepseek4::Thinking;
 
 const SURFACE: &str = "chat";
 
@@ -42,6 +43,61 @@ pub struct ChatRequest {
     pub top_logprobs: Option<u32>,
     #[serde(default)]
     pub return_token_ids: bool,
+    /// `none`, `minimal` … `xhigh`, `max`: the thinking mode of families
+    /// that think.
+    pub reasoning_effort: Option<String>,
+    /// `{"type": "enabled" | "disabled"}` (DeepSeek's API).
+    pub thinking: Option<Value>,
+}
+
+/// The request's tools as raw JSON, to show DSML the client's bytes.
+#[derive(Deserialize)]
+struct RawTools<'a> {
+    #[serde(borrow, default)]
+    tools: Option<Vec<RawTool<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct RawTool<'a> {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(borrow, default)]
+    function: Option<&'a serde_json::value::RawValue>,
+}
+
+/// Attach each function tool's raw `function` object to its spec.
+fn attach_raw_tools(c: &mut Conversation, body: &[u8]) {
+    let Ok(raw) = serde_json::from_slice::<RawTools<'_>>(body) else {
+        return;
+    };
+    let raw = raw
+        .tools
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.kind == "function")
+        .filter_map(|t| t.function);
+    for (spec, r) in c.tools.iter_mut().zip(raw) {
+        spec.raw = Some(r.get().to_string());
+    }
+}
+
+/// The thinking mode a chat request asks for.
+fn thinking(req: &ChatRequest) -> Result<Option<Thinking>, ApiError> {
+    if let Some(e) = &req.reasoning_effort {
+        return convo::effort(e, "reasoning_effort").map(Some);
+    }
+    Ok(
+        match req
+            .thinking
+            .as_ref()
+            .and_then(|t| t.get("type"))
+            .and_then(Value::as_str)
+        {
+            Some("disabled") => Some(Thinking::Off),
+            Some(_) => Some(Thinking::High),
+            None => None,
+        },
+    )
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,6 +119,9 @@ pub struct WireMessage {
     pub content: Option<Content>,
     #[serde(default)]
     pub tool_calls: Vec<WireToolCall>,
+    /// An assistant message's reasoning, sent back.
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 /// Message content: a string, or an array of parts of which text parts count.
@@ -171,6 +230,7 @@ fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
             }
         };
         let mut turn = Turn::new(role, text);
+        turn.reasoning = m.reasoning_content.filter(|_| role == Role::Assistant);
         turn.calls = m
             .tool_calls
             .into_iter()
@@ -191,6 +251,7 @@ fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
         .filter_map(|t| t.function)
         .collect();
     c.choice = tool_choice(req.tool_choice.as_ref())?;
+    c.thinking = thinking(req)?;
     Ok(c)
 }
 
@@ -210,7 +271,8 @@ async fn inner(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Reply, ApiError> {
-    let mut req: ChatRequest = parse_json(&state.body(body)?)?;
+    let body = state.body(body)?;
+    let mut req: ChatRequest = parse_json(&body)?;
     if !state.serves(&req.model) {
         return Err(ApiError::UnknownModel(req.model));
     }
@@ -227,11 +289,14 @@ async fn inner(
     }
     let sampling = req.sampling.params()?;
     let stop = stop_list(req.stop.take())?;
-    let convo = conversation(&mut req)?;
+    let mut convo = conversation(&mut req)?;
+    attach_raw_tools(&mut convo, &body);
     let prompter = state.prompter.clone();
-    let rendered = tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "call_"))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let opts = state.render_options();
+    let rendered =
+        tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "call_", &opts))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))??;
     let logprobs = req
         .logprobs
         .then(|| req.top_logprobs.unwrap_or(0).min(20) as usize);
@@ -243,6 +308,7 @@ async fn inner(
         stop,
         logprobs,
         tools: rendered.tools,
+        reasoning: rendered.reasoning,
     };
     let run = run::start(&state, job)?;
     let id = new_call_id("chatcmpl-");
@@ -254,7 +320,6 @@ async fn inner(
             model: state.model_id.clone(),
             prompter: logprobs.map(|_| state.prompter.clone()),
             include_usage: req.stream_options.is_some_and(|o| o.include_usage),
-            calls: 0,
         };
         return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
     }
@@ -269,11 +334,6 @@ async fn inner(
     let token_ids = req
         .return_token_ids
         .then(|| c.tokens.iter().map(|t| t.0).collect());
-    let content = if c.text.is_empty() && !c.calls.is_empty() {
-        None
-    } else {
-        Some(c.text)
-    };
     let resp = ChatResponse {
         id,
         object: "chat.completion",
@@ -281,12 +341,7 @@ async fn inner(
         model: state.model_id.clone(),
         choices: vec![Choice {
             index: 0,
-            message: OutMessage {
-                role: "assistant",
-                content,
-                reasoning_content: (!c.reasoning.is_empty()).then_some(c.reasoning),
-                tool_calls: c.calls.into_iter().map(wire_call).collect(),
-            },
+            message: out_message(c.text, c.reasoning, c.calls),
             finish_reason: finish_reason(&f),
             logprobs,
             token_ids,
@@ -296,6 +351,17 @@ async fn inner(
         prompt_token_ids: prompt_ids,
     };
     Ok(Reply::Json(Json(resp).into_response()))
+}
+
+/// The answer's message: text (null when only calls were made), reasoning
+/// in `reasoning_content`, calls in `tool_calls`.
+fn out_message(text: String, reasoning: String, calls: Vec<ToolCall>) -> OutMessage {
+    OutMessage {
+        role: "assistant",
+        content: (!text.is_empty() || calls.is_empty()).then_some(text),
+        reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+        tool_calls: calls.into_iter().map(wire_call).collect(),
+    }
 }
 
 fn wire_call(c: ToolCall) -> WireToolCall {
@@ -418,7 +484,6 @@ struct ChatStream {
     /// For log-probabilities, when asked for.
     prompter: Option<Prompter>,
     include_usage: bool,
-    calls: usize,
 }
 
 #[derive(Serialize)]
@@ -464,6 +529,16 @@ impl ChatStream {
     }
 }
 
+impl ChatStream {
+    /// A content chunk carrying the log-probabilities gathered so far.
+    fn text_chunk(&self, text: String, lps: &mut Vec<LogprobEntry>) -> Frame {
+        let lp = (!lps.is_empty()).then(|| LogprobsOut {
+            content: std::mem::take(lps),
+        });
+        self.chunk(serde_json::json!({"content": text}), None, lp)
+    }
+}
+
 impl Shape for ChatStream {
     fn start(&mut self) -> Vec<Frame> {
         vec![self.chunk(
@@ -484,32 +559,35 @@ impl Shape for ChatStream {
                         lps.push(entry(p, id, &lp));
                     }
                 }
-                Delta::Reasoning(r) => {
-                    out.push(self.chunk(serde_json::json!({"reasoning_content": r}), None, None))
-                }
                 Delta::Text(t) => text.push_str(&t),
-                Delta::Call(c) => {
-                    let index = self.calls;
-                    self.calls += 1;
-                    out.push(self.chunk(
-                        serde_json::json!({"tool_calls": [{"index": index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]}),
-                        None,
-                        None,
-                    ));
-                    out.push(self.chunk(
-                        serde_json::json!({"tool_calls": [{"index": index, "function": {"arguments": c.arguments}}]}),
-                        None,
-                        None,
-                    ));
+                other => {
+                    // Keep the order: text so far goes out first.
+                    if !text.is_empty() {
+                        out.push(self.text_chunk(std::mem::take(&mut text), &mut lps));
+                    }
+                    match other {
+                        Delta::Reasoning(r) => out.push(self.chunk(
+                            serde_json::json!({"reasoning_content": r}),
+                            None,
+                            None,
+                        )),
+                        Delta::CallStart { index, id, name } => out.push(self.chunk(
+                            serde_json::json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                            None,
+                            None,
+                        )),
+                        Delta::CallArgs { index, delta } => out.push(self.chunk(
+                            serde_json::json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]}),
+                            None,
+                            None,
+                        )),
+                        _ => {}
+                    }
                 }
             }
         }
         if !text.is_empty() || !lps.is_empty() {
-            let lp = (!lps.is_empty()).then_some(LogprobsOut { content: lps });
-            out.insert(
-                0,
-                self.chunk(serde_json::json!({"content": text}), None, lp),
-            );
+            out.push(self.text_chunk(text, &mut lps));
         }
         out
     }
@@ -552,7 +630,6 @@ mod tests {
             model: "m".into(),
             prompter: None,
             include_usage: true,
-            calls: 0,
         };
         let frames = drive(envelope_run(None), shape).await;
         assert!(frames.iter().all(|f| f.event.is_none()));
@@ -590,13 +667,160 @@ mod tests {
             model: "m".into(),
             prompter: None,
             include_usage: true,
-            calls: 0,
         };
         let frames = drive(crate::api::run::testing::failing_run(&["Hi"]), shape).await;
         let n = frames.len();
         assert_eq!(frames[n - 1].data, "[DONE]");
         let err: Value = serde_json::from_str(&frames[n - 2].data).unwrap();
         assert_eq!(err["error"]["type"], "server_error");
+    }
+
+    #[tokio::test]
+    async fn a_deepseek_dsml_call_is_a_chat_tool_call_with_streamed_arguments() {
+        use crate::api::run::testing::{dsml_run, DSML_ARGS, DSML_REASONING};
+        let shape = ChatStream {
+            id: "chatcmpl-1".into(),
+            created: 1,
+            model: "m".into(),
+            prompter: None,
+            include_usage: false,
+        };
+        let frames = drive(dsml_run(None), shape).await;
+        let chunks: Vec<Value> = frames[..frames.len() - 1]
+            .iter()
+            .map(|f| serde_json::from_str(&f.data).unwrap())
+            .collect();
+        let field = |k: &str| -> String {
+            chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"][k].as_str())
+                .collect()
+        };
+        assert_eq!(field("reasoning_content"), DSML_REASONING);
+        assert_eq!(field("content"), "Checking.");
+        let calls: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+            .map(|t| &t[0])
+            .collect();
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+        assert!(calls.iter().all(|c| c["index"] == 0));
+        assert!(calls[1..].iter().all(|c| c.get("id").is_none()));
+        let args: Vec<&str> = calls
+            .iter()
+            .filter_map(|c| c["function"]["arguments"].as_str())
+            .filter(|a| !a.is_empty())
+            .collect();
+        assert!(args.len() > 3, "arguments are streamed: {args:?}");
+        assert_eq!(args.concat(), DSML_ARGS);
+        let last = chunks.last().unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+
+        // Not streamed.
+        let (c, f) = crate::api::run::collect(dsml_run(None)).await.unwrap();
+        assert_eq!(finish_reason(&f), "tool_calls");
+        let m = serde_json::to_value(out_message(c.text, c.reasoning, c.calls)).unwrap();
+        assert_eq!(m["content"], "Checking.");
+        assert_eq!(m["reasoning_content"], DSML_REASONING);
+        assert_eq!(m["tool_calls"][0]["type"], "function");
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather");
+        assert_eq!(m["tool_calls"][0]["function"]["arguments"], DSML_ARGS);
+    }
+
+    use crate::api::convo::testing::{
+        api_prompt, renderer_prompt, REASONING, RESULT, SCHEMA, SYSTEM, USER,
+    };
+    use crate::tools::ReplayStore;
+
+    /// The specification's example as a chat request, with the earlier
+    /// call `id` and `arguments`.
+    fn spec_request(id: &str, arguments: &str, extra: &str) -> String {
+        let q = |s: &str| serde_json::to_string(s).unwrap();
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":{}}},{{"role":"user","content":{}}},{{"role":"assistant","content":null,"reasoning_content":{},"tool_calls":[{{"id":{},"type":"function","function":{{"name":"get_weather","arguments":{}}}}}]}},{{"role":"tool","tool_call_id":{},"content":{}}}],"tools":[{{"type":"function","function":{SCHEMA}}}]{extra}}}"#,
+            q(SYSTEM),
+            q(USER),
+            q(REASONING),
+            q(id),
+            q(arguments),
+            q(id),
+            q(RESULT),
+        )
+    }
+
+    fn prompt_of(body: &str, store: &ReplayStore) -> (Conversation, String) {
+        let mut req: ChatRequest = serde_json::from_str(body).unwrap();
+        let mut c = conversation(&mut req).unwrap();
+        attach_raw_tools(&mut c, body.as_bytes());
+        let p = api_prompt(&c, store);
+        (c, p)
+    }
+
+    #[test]
+    fn a_deepseek_chat_request_renders_the_spec_prompt() {
+        let store = ReplayStore::default();
+        let body = spec_request("call_0", r#"{"city": "Rome", "days": 1}"#, "");
+        let (c, p) = prompt_of(&body, &store);
+        assert_eq!(p, renderer_prompt());
+        assert_eq!(c.thinking, None, "the server default: thinking");
+        let (c, p) = prompt_of(
+            &spec_request("call_0", "{}", r#","reasoning_effort":"none""#),
+            &store,
+        );
+        assert_eq!(c.thinking, Some(Thinking::Off));
+        assert!(p.ends_with("<｜Assistant｜></think>"));
+        let (c, _) = prompt_of(
+            &spec_request("call_0", "{}", r#","thinking":{"type":"disabled"}"#),
+            &store,
+        );
+        assert_eq!(c.thinking, Some(Thinking::Off));
+        let mut req: ChatRequest =
+            serde_json::from_str(&spec_request("c", "{}", r#","reasoning_effort":"huge""#))
+                .unwrap();
+        assert!(conversation(&mut req).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_call_sent_back_in_history_replays_the_sampled_bytes() {
+        use crate::api::run::testing::scripted;
+        use crate::api::run::ToolParsing;
+        use crate::tools::ToolProtocol;
+        // The model wrote `days` with spaces around the value: not the
+        // canonical form.
+        let sampled = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\"> 1 </｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let pieces: Vec<&str> = vec![
+            "The user wants today's weather in Rome; call get_weather.</think>",
+            &sampled[..40],
+            &sampled[40..],
+        ];
+        let store = std::sync::Arc::new(ReplayStore::default());
+        let run = scripted(
+            &pieces,
+            Some(crate::reasoning::DEEPSEEK4.inside()),
+            Some(ToolParsing {
+                id_prefix: "call_",
+                names: vec!["get_weather".into()],
+                forced: String::new(),
+                protocol: ToolProtocol::Dsml,
+                replay: Some(store.clone()),
+            }),
+        );
+        let (c, _) = crate::api::run::collect(run).await.unwrap();
+        let call = &c.calls[0];
+        assert_eq!(call.arguments, r#"{"city":"Rome","days":1}"#);
+
+        // The client sends the call back with the id it got.
+        let (_, p) = prompt_of(&spec_request(&call.id, &call.arguments, ""), &store);
+        assert!(p.contains(sampled), "{p}");
+        assert_ne!(p, renderer_prompt());
+        assert_eq!(
+            p,
+            renderer_prompt().replace("string=\"false\">1</", "string=\"false\"> 1 </")
+        );
+        // An id the server does not know renders canonically.
+        let (_, p) = prompt_of(&spec_request("call_other", &call.arguments, ""), &store);
+        assert_eq!(p, renderer_prompt());
     }
 
     #[tokio::test]
@@ -607,7 +831,6 @@ mod tests {
             model: "m".into(),
             prompter: None,
             include_usage: false,
-            calls: 0,
         };
         let frames = drive(crate::api::run::testing::thinking_run(), shape).await;
         let chunks: Vec<Value> = frames[..frames.len() - 1]

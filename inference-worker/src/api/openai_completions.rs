@@ -121,6 +121,7 @@ async fn inner(
         stop,
         logprobs,
         tools: None,
+        reasoning: state.reasoning,
     };
     let run = run::start(&state, job)?;
     let id = new_call_id("cmpl-");
@@ -335,7 +336,10 @@ impl Shape for CompletionStream {
                     logprobs: Some(lp),
                 } => lps.push((id, lp)),
                 Delta::Text(t) | Delta::Reasoning(t) => text.push_str(&t),
-                Delta::Token { .. } | Delta::Call(_) => {}
+                Delta::Token { .. }
+                | Delta::CallStart { .. }
+                | Delta::CallArgs { .. }
+                | Delta::CallEnd => {}
             }
         }
         if text.is_empty() && lps.is_empty() {

@@ -89,6 +89,40 @@ fn str_field(item: &Value, key: &str, i: usize) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::bad(format!("input[{i}].{key} must be a string"), "input"))
 }
 
+/// The request's function tools with their raw `parameters`, to show
+/// DSML the client's bytes.
+#[derive(Deserialize)]
+struct RawTools<'a> {
+    #[serde(borrow, default)]
+    tools: Vec<RawTool<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawTool<'a> {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(borrow, default)]
+    parameters: Option<&'a serde_json::value::RawValue>,
+}
+
+fn attach_raw_tools(c: &mut Conversation, body: &[u8]) {
+    let Ok(raw) = serde_json::from_slice::<RawTools<'_>>(body) else {
+        return;
+    };
+    let raw = raw.tools.into_iter().filter(|t| t.kind == "function");
+    for (spec, r) in c.tools.iter_mut().zip(raw) {
+        spec.raw = Some(convo::function_json(
+            &r.name,
+            r.description.as_deref(),
+            r.parameters.map(|p| p.get()),
+        ));
+    }
+}
+
 fn conversation(req: &ResponsesRequest) -> Result<Conversation, ApiError> {
     let mut c = Conversation::default();
     if let Some(i) = req.instructions.as_deref().filter(|s| !s.is_empty()) {
@@ -116,7 +150,19 @@ fn conversation(req: &ResponsesRequest) -> Result<Conversation, ApiError> {
                             }
                         };
                         let text = text_of(item.get("content"))?;
-                        c.turns.push(Turn::new(role, text));
+                        match c.turns.last_mut() {
+                            // The answer after its reasoning item.
+                            Some(t)
+                                if role == Role::Assistant
+                                    && t.role == Role::Assistant
+                                    && t.reasoning.is_some()
+                                    && t.text.is_empty()
+                                    && t.calls.is_empty() =>
+                            {
+                                t.text = text
+                            }
+                            _ => c.turns.push(Turn::new(role, text)),
+                        }
                     }
                     "function_call" => {
                         let call = ToolCall {
@@ -140,8 +186,23 @@ fn conversation(req: &ResponsesRequest) -> Result<Conversation, ApiError> {
                         };
                         c.turns.push(Turn::new(Role::Tool, out));
                     }
-                    // Earlier reasoning is not shown to the model again.
-                    "reasoning" => {}
+                    // Earlier reasoning, for families that keep it.
+                    "reasoning" => {
+                        let mut text = String::new();
+                        for k in ["content", "summary"] {
+                            if let Some(Value::Array(parts)) = item.get(k) {
+                                for p in parts {
+                                    text.push_str(
+                                        p.get("text").and_then(Value::as_str).unwrap_or(""),
+                                    );
+                                }
+                            }
+                            if !text.is_empty() {
+                                break;
+                            }
+                        }
+                        c.push_reasoning(&text);
+                    }
                     other => {
                         return Err(ApiError::bad(
                             format!("input[{i}].type {other:?} is not supported; send messages, function_call and function_call_output items"),
@@ -162,6 +223,15 @@ fn conversation(req: &ResponsesRequest) -> Result<Conversation, ApiError> {
         })
         .collect::<Result<_, _>>()?;
     c.choice = tool_choice(req.tool_choice.as_ref())?;
+    c.thinking = match req
+        .reasoning
+        .as_ref()
+        .and_then(|r| r.get("effort"))
+        .and_then(Value::as_str)
+    {
+        Some(e) => Some(convo::effort(e, "reasoning.effort")?),
+        None => None,
+    };
     Ok(c)
 }
 
@@ -181,7 +251,8 @@ async fn inner(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Reply, ApiError> {
-    let req: ResponsesRequest = parse_json(&state.body(body)?)?;
+    let body = state.body(body)?;
+    let req: ResponsesRequest = parse_json(&body)?;
     if !state.serves(&req.model) {
         return Err(ApiError::UnknownModel(req.model));
     }
@@ -211,11 +282,14 @@ async fn inner(
         }
     }
     let sampling = req.sampling.params()?;
-    let convo = conversation(&req)?;
+    let mut convo = conversation(&req)?;
+    attach_raw_tools(&mut convo, &body);
     let prompter = state.prompter.clone();
-    let rendered = tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "call_"))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let opts = state.render_options();
+    let rendered =
+        tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "call_", &opts))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))??;
     let job = Job {
         prompt: rendered.tokens,
         max_tokens: req.max_output_tokens,
@@ -223,6 +297,7 @@ async fn inner(
         stop: Vec::new(),
         logprobs: None,
         tools: rendered.tools,
+        reasoning: rendered.reasoning,
     };
     let run = run::start(&state, job)?;
     let meta = Meta {
@@ -254,6 +329,13 @@ async fn inner(
         return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
     }
     let (c, f) = run::collect(run).await?;
+    Ok(Reply::Json(
+        Json(meta.response(&f, output_items(c))).into_response(),
+    ))
+}
+
+/// A collected answer's output items: reasoning, message, function calls.
+fn output_items(c: run::Collected) -> Vec<Item> {
     let mut output = Vec::new();
     if !c.reasoning.is_empty() {
         output.push(Item::reasoning(new_call_id("rs_"), c.reasoning));
@@ -262,7 +344,7 @@ async fn inner(
         output.push(Item::message(new_call_id("msg_"), c.text, "completed"));
     }
     output.extend(c.calls.into_iter().map(Item::call));
-    Ok(Reply::Json(Json(meta.response(&f, output)).into_response()))
+    output
 }
 
 /// Request settings echoed in every response object.
@@ -461,8 +543,20 @@ impl Item {
 
 /// The item being streamed.
 enum Open {
-    Message { id: String, text: String },
-    Reasoning { id: String, text: String },
+    Message {
+        id: String,
+        text: String,
+    },
+    Reasoning {
+        id: String,
+        text: String,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
 }
 
 struct ResponsesStream {
@@ -495,6 +589,21 @@ impl ResponsesStream {
             Some(Open::Reasoning { id, text }) => {
                 out.push(self.ev("response.reasoning_text.done", serde_json::json!({"item_id": id, "output_index": oi, "content_index": 0, "text": text})));
                 Item::reasoning(id, text)
+            }
+            Some(Open::Call {
+                id,
+                call_id,
+                name,
+                arguments,
+            }) => {
+                out.push(self.ev("response.function_call_arguments.done", serde_json::json!({"item_id": id, "output_index": oi, "name": name, "arguments": arguments})));
+                Item::FunctionCall {
+                    id,
+                    call_id,
+                    name,
+                    arguments,
+                    status: "completed",
+                }
             }
         };
         out.push(self.ev(
@@ -556,7 +665,7 @@ impl ResponsesStream {
                 text.push_str(&t);
                 (id.clone(), "response.reasoning_text.delta")
             }
-            None => return,
+            Some(Open::Call { .. }) | None => return,
         };
         let mut data =
             serde_json::json!({"item_id": id, "output_index": oi, "content_index": 0, "delta": t});
@@ -584,23 +693,15 @@ impl Shape for ResponsesStream {
                 Delta::Token { .. } => {}
                 Delta::Text(t) => self.text(&mut out, t, false),
                 Delta::Reasoning(t) => self.text(&mut out, t, true),
-                Delta::Call(c) => {
+                Delta::CallStart {
+                    id: call_id, name, ..
+                } => {
                     self.close(&mut out);
                     let oi = self.output.len();
-                    let item = Item::call(c);
-                    let Item::FunctionCall {
-                        id,
-                        call_id,
-                        name,
-                        arguments,
-                        ..
-                    } = item.clone()
-                    else {
-                        continue;
-                    };
+                    let id = new_call_id("fc_");
                     let added = Item::FunctionCall {
                         id: id.clone(),
-                        call_id,
+                        call_id: call_id.clone(),
                         name: name.clone(),
                         arguments: String::new(),
                         status: "in_progress",
@@ -609,16 +710,29 @@ impl Shape for ResponsesStream {
                         "response.output_item.added",
                         serde_json::json!({"output_index": oi, "item": added}),
                     ));
+                    self.open = Some(Open::Call {
+                        id,
+                        call_id,
+                        name,
+                        arguments: String::new(),
+                    });
+                }
+                Delta::CallArgs { delta, .. } => {
+                    let oi = self.output.len();
+                    let Some(Open::Call { id, arguments, .. }) = &mut self.open else {
+                        continue;
+                    };
+                    arguments.push_str(&delta);
+                    let id = id.clone();
                     out.push(self.ev(
                         "response.function_call_arguments.delta",
-                        serde_json::json!({"item_id": id, "output_index": oi, "delta": arguments}),
+                        serde_json::json!({"item_id": id, "output_index": oi, "delta": delta}),
                     ));
-                    out.push(self.ev("response.function_call_arguments.done", serde_json::json!({"item_id": id, "output_index": oi, "name": name, "arguments": arguments})));
-                    out.push(self.ev(
-                        "response.output_item.done",
-                        serde_json::json!({"output_index": oi, "item": item}),
-                    ));
-                    self.output.push(item);
+                }
+                Delta::CallEnd => {
+                    if matches!(self.open, Some(Open::Call { .. })) {
+                        self.close(&mut out);
+                    }
                 }
             }
         }
@@ -656,6 +770,7 @@ impl Shape for ResponsesStream {
 mod tests {
     use super::*;
     use crate::api::run::testing::{drive, envelope_run, thinking_run};
+    use ds4_model::prompt::deepseek4::Thinking;
 
     fn shape() -> ResponsesStream {
         ResponsesStream {
@@ -749,6 +864,98 @@ mod tests {
         assert_eq!(v["response"]["status"], "failed");
         assert_eq!(v["response"]["id"], "resp_1");
         assert!(v["response"]["error"]["message"].is_string());
+    }
+
+    #[tokio::test]
+    async fn a_deepseek_dsml_call_is_a_function_call_item_with_streamed_arguments() {
+        use crate::api::run::testing::{dsml_run, DSML_ARGS, DSML_REASONING};
+        let ev = events(&drive(dsml_run(None), shape()).await);
+        for (i, (_, v)) in ev.iter().enumerate() {
+            assert_eq!(v["sequence_number"], i);
+        }
+        let added: Vec<&Value> = ev
+            .iter()
+            .filter(|e| e.0 == "response.output_item.added")
+            .map(|e| &e.1["item"])
+            .collect();
+        let kinds: Vec<&str> = added.iter().map(|i| i["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["reasoning", "message", "function_call"]);
+        assert_eq!(added[2]["name"], "get_weather");
+        assert_eq!(added[2]["arguments"], "");
+        let deltas: Vec<&str> = ev
+            .iter()
+            .filter(|e| e.0 == "response.function_call_arguments.delta")
+            .map(|e| {
+                assert_eq!(e.1["output_index"], 2);
+                assert_eq!(e.1["item_id"], added[2]["id"]);
+                e.1["delta"].as_str().unwrap()
+            })
+            .collect();
+        assert!(deltas.len() > 3, "arguments are streamed: {deltas:?}");
+        assert_eq!(deltas.concat(), DSML_ARGS);
+        let args_done = ev
+            .iter()
+            .find(|e| e.0 == "response.function_call_arguments.done")
+            .unwrap();
+        assert_eq!(args_done.1["arguments"], DSML_ARGS);
+        let done = &ev.last().unwrap().1["response"];
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["output"][0]["content"][0]["text"], DSML_REASONING);
+        assert_eq!(done["output"][1]["content"][0]["text"], "Checking.");
+        assert_eq!(done["output"][2]["type"], "function_call");
+        assert_eq!(done["output"][2]["status"], "completed");
+        assert_eq!(done["output"][2]["arguments"], DSML_ARGS);
+        assert_eq!(done["output"][2]["call_id"], added[2]["call_id"]);
+
+        // Not streamed.
+        let (c, _) = crate::api::run::collect(dsml_run(None)).await.unwrap();
+        let out = serde_json::to_value(output_items(c)).unwrap();
+        let kinds: Vec<&str> = out
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["reasoning", "message", "function_call"]);
+        assert_eq!(out[0]["content"][0]["text"], DSML_REASONING);
+        assert_eq!(out[2]["name"], "get_weather");
+        assert_eq!(out[2]["arguments"], DSML_ARGS);
+        assert!(out[2]["call_id"].as_str().unwrap().starts_with("call_"));
+    }
+
+    #[test]
+    fn a_deepseek_responses_request_renders_the_spec_prompt() {
+        use crate::api::convo::testing::{
+            api_prompt, renderer_prompt, PARAMETERS, REASONING, RESULT, SYSTEM, USER,
+        };
+        let q = |s: &str| serde_json::to_string(s).unwrap();
+        let body = |effort: &str| {
+            format!(
+                r#"{{"model":"m","instructions":{},"input":[{{"role":"user","content":{}}},{{"type":"reasoning","id":"rs_1","summary":[],"content":[{{"type":"reasoning_text","text":{}}}]}},{{"type":"function_call","call_id":"call_0","name":"get_weather","arguments":{}}},{{"type":"function_call_output","call_id":"call_0","output":{}}}],"tools":[{{"type":"function","name":"get_weather","description":"Get current weather for a city","parameters":{PARAMETERS},"strict":false}}],"reasoning":{{"effort":{}}}}}"#,
+                q(SYSTEM),
+                q(USER),
+                q(REASONING),
+                q(r#"{"city": "Rome", "days": 1}"#),
+                q(RESULT),
+                q(effort),
+            )
+        };
+        let prompt = |b: &str| {
+            let req: ResponsesRequest = serde_json::from_str(b).unwrap();
+            let mut c = conversation(&req).unwrap();
+            attach_raw_tools(&mut c, b.as_bytes());
+            (c.thinking, api_prompt(&c, &Default::default()))
+        };
+        let (thinking, p) = prompt(&body("high"));
+        assert_eq!(thinking, Some(Thinking::High));
+        assert_eq!(p, renderer_prompt());
+        let (thinking, p) = prompt(&body("none"));
+        assert_eq!(thinking, Some(Thinking::Off));
+        assert!(p.ends_with("<｜Assistant｜></think>"));
+        let (thinking, _) = prompt(&body("max"));
+        assert_eq!(thinking, Some(Thinking::Max));
+        let req: ResponsesRequest = serde_json::from_str(&body("huge")).unwrap();
+        assert!(conversation(&req).is_err());
     }
 
     #[tokio::test]

@@ -17,7 +17,7 @@ use crate::engine::Event;
 use crate::generate::{FinishReason, GenerateRequest, StreamOptions, Timings, TokenLogprobs};
 use crate::reasoning::{Delimiters, Part, ReasoningSplitter};
 use crate::sampler::SamplingParams;
-use crate::tools::{new_call_id, CallParser, Parsed, ToolCall};
+use crate::tools::{new_call_id, ReplayStore, ToolCall, ToolEvent, ToolProtocol, ToolStream};
 
 /// A request ready for the engine.
 #[derive(Debug)]
@@ -29,6 +29,9 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// Parse generated text for tool calls.
     pub tools: Option<ToolParsing>,
+    /// How the generated text marks reasoning (the prompt decides whether
+    /// it starts inside the reasoning).
+    pub reasoning: Option<Delimiters>,
 }
 
 /// How to find tool calls in a run's text.
@@ -40,6 +43,10 @@ pub struct ToolParsing {
     pub names: Vec<String>,
     /// Text the prompt opened a forced call with.
     pub forced: String,
+    /// The family's tool protocol.
+    pub protocol: ToolProtocol,
+    /// Where a call's sampled bytes are kept (protocols that replay them).
+    pub replay: Option<Arc<ReplayStore>>,
 }
 
 /// What a run produces, in order.
@@ -52,7 +59,20 @@ pub enum Delta {
     },
     Reasoning(String),
     Text(String),
-    Call(ToolCall),
+    /// A tool call starts: its id and name (its arguments follow).
+    CallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// More of call `index`'s JSON arguments; the deltas of a call
+    /// concatenate to its arguments.
+    CallArgs {
+        index: usize,
+        delta: String,
+    },
+    /// The current call is complete.
+    CallEnd,
 }
 
 /// How a run ended.
@@ -107,11 +127,20 @@ pub enum Step {
 pub struct Run {
     rx: mpsc::UnboundedReceiver<Event>,
     splitter: ReasoningSplitter,
-    parser: Option<(CallParser, &'static str)>,
+    tools: Option<Tools>,
     calls: usize,
     /// The end, held while the last text goes out.
     pending: Option<Finish>,
     done: bool,
+}
+
+/// Tool-call parsing state of a run.
+struct Tools {
+    stream: ToolStream,
+    id_prefix: &'static str,
+    replay: Option<Arc<ReplayStore>>,
+    /// Ids of the calls since the last block was stored.
+    block_ids: Vec<String>,
 }
 
 /// Check `job` against the context and queue it.
@@ -142,7 +171,7 @@ pub fn start(state: &AppState, job: Job) -> Result<Run, ApiError> {
             logprobs: job.logprobs,
         },
     )?;
-    Ok(Run::new(rx, state.reasoning, job.tools))
+    Ok(Run::new(rx, job.reasoning, job.tools))
 }
 
 impl Run {
@@ -155,7 +184,12 @@ impl Run {
         Run {
             rx,
             splitter: ReasoningSplitter::new(reasoning),
-            parser: tools.map(|t| (CallParser::for_tools(t.names, &t.forced), t.id_prefix)),
+            tools: tools.map(|t| Tools {
+                stream: ToolStream::new(t.protocol, t.names, &t.forced),
+                id_prefix: t.id_prefix,
+                replay: t.replay,
+                block_ids: Vec::new(),
+            }),
             calls: 0,
             pending: None,
             done: false,
@@ -190,10 +224,9 @@ impl Run {
                 let mut out = Vec::new();
                 let parts = self.splitter.finish();
                 self.route(parts, &mut out);
-                if let Some((p, prefix)) = &mut self.parser {
-                    for x in p.finish() {
-                        out.push(self_call(x, prefix, &mut self.calls));
-                    }
+                if let Some(t) = &mut self.tools {
+                    let events = t.stream.finish();
+                    self.calls = t.events(events, self.calls, &mut out);
                 }
                 let finish = Finish {
                     reason: g.finish,
@@ -223,14 +256,18 @@ impl Run {
 
     fn route(&mut self, parts: Vec<Part>, out: &mut Vec<Delta>) {
         for part in parts {
+            // After a closed tool-call block the turn is over: what follows
+            // is neither answer nor reasoning.
+            if self.tools.as_ref().is_some_and(|t| t.stream.is_done()) {
+                return;
+            }
             match part {
                 Part::Reasoning(r) => out.push(Delta::Reasoning(r)),
-                Part::Answer(a) => match &mut self.parser {
+                Part::Answer(a) => match &mut self.tools {
                     None => out.push(Delta::Text(a)),
-                    Some((p, prefix)) => {
-                        for x in p.push(&a) {
-                            out.push(self_call(x, prefix, &mut self.calls));
-                        }
+                    Some(t) => {
+                        let events = t.stream.push(&a);
+                        self.calls = t.events(events, self.calls, out);
                     }
                 },
             }
@@ -238,17 +275,36 @@ impl Run {
     }
 }
 
-fn self_call(x: Parsed, prefix: &str, calls: &mut usize) -> Delta {
-    match x {
-        Parsed::Text(t) => Delta::Text(t),
-        Parsed::Call { name, arguments } => {
-            *calls += 1;
-            Delta::Call(ToolCall {
-                id: new_call_id(prefix),
-                name,
-                arguments,
-            })
+impl Tools {
+    /// Turn parser events into deltas; returns the calls count.
+    fn events(&mut self, events: Vec<ToolEvent>, mut calls: usize, out: &mut Vec<Delta>) -> usize {
+        for e in events {
+            match e {
+                ToolEvent::Text(t) => out.push(Delta::Text(t)),
+                ToolEvent::Start { name } => {
+                    let id = new_call_id(self.id_prefix);
+                    self.block_ids.push(id.clone());
+                    out.push(Delta::CallStart {
+                        index: calls,
+                        id,
+                        name,
+                    });
+                    calls += 1;
+                }
+                ToolEvent::Args(delta) => out.push(Delta::CallArgs {
+                    index: calls.saturating_sub(1),
+                    delta,
+                }),
+                ToolEvent::End => out.push(Delta::CallEnd),
+                ToolEvent::Block { raw } => {
+                    let ids = std::mem::take(&mut self.block_ids);
+                    if let Some(r) = &self.replay {
+                        r.insert(ids.iter().map(String::as_str), &raw);
+                    }
+                }
+            }
         }
+        calls
     }
 }
 
@@ -272,7 +328,17 @@ pub async fn collect(mut run: Run) -> Result<(Collected, Finish), ApiError> {
                         Delta::Token { id, logprobs } => c.tokens.push((id, logprobs)),
                         Delta::Reasoning(r) => c.reasoning.push_str(&r),
                         Delta::Text(t) => c.text.push_str(&t),
-                        Delta::Call(call) => c.calls.push(call),
+                        Delta::CallStart { id, name, .. } => c.calls.push(ToolCall {
+                            id,
+                            name,
+                            arguments: String::new(),
+                        }),
+                        Delta::CallArgs { index, delta } => {
+                            if let Some(call) = c.calls.get_mut(index) {
+                                call.arguments.push_str(&delta);
+                            }
+                        }
+                        Delta::CallEnd => {}
                     }
                 }
             }
@@ -448,9 +514,50 @@ pub(crate) mod testing {
                 id_prefix: "call_",
                 names: vec!["get_weather".into()],
                 forced: forced.unwrap_or_default().to_string(),
+                protocol: ToolProtocol::Envelope,
+                replay: None,
             }),
         )
     }
+
+    /// DeepSeek V4 in thinking mode: reasoning, a little content, and a
+    /// DSML call split at awkward places (text after the block is not
+    /// part of the answer).
+    pub fn dsml_run(replay: Option<Arc<ReplayStore>>) -> Run {
+        scripted(
+            &DSML_PIECES,
+            Some(crate::reasoning::DEEPSEEK4.inside()),
+            Some(ToolParsing {
+                id_prefix: "call_",
+                names: vec!["get_weather".into()],
+                forced: String::new(),
+                protocol: ToolProtocol::Dsml,
+                replay,
+            }),
+        )
+    }
+
+    /// What [`dsml_run`]'s model generates.
+    pub const DSML_PIECES: [&str; 11] = [
+        "Rome today;",
+        " call get_weather.</th",
+        "ink>Checking.\n\n<｜DSML｜tool",
+        "_calls>\n<｜DSML｜invoke name=\"get_",
+        "weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Ro",
+        "me</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">",
+        "1</｜DSML｜param",
+        "eter>\n</｜DSML｜invoke>\n",
+        "</｜DSML｜tool",
+        "_calls>",
+        " stray <think>text",
+    ];
+
+    /// The DSML block [`dsml_run`] produces, as sampled.
+    pub const DSML_BLOCK: &str = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+
+    /// Reasoning and arguments of [`dsml_run`].
+    pub const DSML_REASONING: &str = "Rome today; call get_weather.";
+    pub const DSML_ARGS: &str = "{\"city\":\"Rome\",\"days\":1}";
 
     /// A family that thinks between `<think>` tags.
     pub fn thinking_run() -> Run {
@@ -520,6 +627,49 @@ mod tests {
         let (c, _) = collect(thinking_run()).await.unwrap();
         assert_eq!(c.reasoning, "France's capital is Paris.");
         assert_eq!(c.text, "Paris.");
+    }
+
+    #[tokio::test]
+    async fn a_dsml_call_streams_its_arguments_and_is_remembered() {
+        let store = Arc::new(ReplayStore::default());
+        let mut run = dsml_run(Some(store.clone()));
+        let mut deltas = Vec::new();
+        let finish = loop {
+            match run.next().await {
+                Step::Deltas(ds) => deltas.extend(ds),
+                Step::Done(f) => break f,
+                Step::Failed(e) => panic!("{e}"),
+            }
+        };
+        let arg_deltas: Vec<&str> = deltas
+            .iter()
+            .filter_map(|d| match d {
+                Delta::CallArgs { delta, .. } => Some(delta.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(arg_deltas.len() > 3, "arguments stream: {arg_deltas:?}");
+        assert_eq!(arg_deltas.concat(), DSML_ARGS);
+        let start = deltas
+            .iter()
+            .position(|d| matches!(d, Delta::CallStart { .. }))
+            .unwrap();
+        let end = deltas
+            .iter()
+            .position(|d| matches!(d, Delta::CallEnd))
+            .unwrap();
+        assert!(start < end);
+        let Delta::CallStart { id, name, .. } = &deltas[start] else {
+            unreachable!()
+        };
+        assert_eq!(name, "get_weather");
+        assert_eq!(store.get(id).as_deref(), Some(DSML_BLOCK));
+        assert_eq!(finish.calls, 1);
+        let (c, _) = collect(dsml_run(None)).await.unwrap();
+        assert_eq!(c.reasoning, DSML_REASONING);
+        assert_eq!(c.text, "Checking.");
+        assert_eq!(c.calls.len(), 1);
+        assert_eq!(c.calls[0].arguments, DSML_ARGS);
     }
 
     #[tokio::test]

@@ -15,11 +15,19 @@
 //! as user turns wrapped in `<tool_response>` tags. [`CallParser`] finds
 //! envelopes in streamed text and turns them into [`ToolCall`]s; text that
 //! is not an envelope passes through unchanged.
+//!
+//! DeepSeek V4 has its own tool syntax (DSML); [`ToolProtocol`] picks the
+//! protocol from the loaded family and [`ToolStream`] parses either one
+//! into the same events. [`ReplayStore`] keeps DSML's sampled bytes.
 
 mod parser;
+mod protocol;
+mod replay;
 
 pub(crate) use parser::held_prefix_len;
 pub use parser::{CallParser, Parsed};
+pub use protocol::{ToolEvent, ToolProtocol, ToolStream};
+pub use replay::ReplayStore;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -38,6 +46,11 @@ pub struct ToolSpec {
     /// JSON Schema of the arguments.
     #[serde(default)]
     pub parameters: Value,
+    /// The tool as a JSON `function` object (`name`, `description`,
+    /// `parameters`) in the client's own bytes where it sent one, for
+    /// protocols that show the model the schema unchanged (DSML).
+    #[serde(skip)]
+    pub raw: Option<String>,
 }
 
 /// Which tools the model may or must call.
@@ -132,6 +145,7 @@ mod tests {
             name: "get_weather".into(),
             description: Some("Weather of a city".into()),
             parameters: serde_json::json!({"type": "object"}),
+            raw: None,
         };
         let s = system_prompt(&[t], &ToolChoice::Named("get_weather".into()));
         assert!(s.contains("\"name\":\"get_weather\""));

@@ -48,3 +48,21 @@ impl HostRegion {
         self.bytes
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_region_refuses_changes() {
+        let r = HostRegion::create(0, 8192).unwrap();
+        r.write_at(100, b"weights").unwrap();
+        r.seal().unwrap();
+        assert!(r.write_at(0, b"x").is_err(), "write after seal");
+        let f = File::from(r.fd().try_clone_to_owned().unwrap());
+        assert!(f.set_len(4096).is_err(), "shrink after seal");
+        let mut buf = [0u8; 7];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, 100).unwrap();
+        assert_eq!(&buf, b"weights");
+    }
+}

@@ -21,15 +21,13 @@ use ds4_weight_server::progress::Progress;
 /// Hold a model's weights in GPU (CUDA VMM) or shared host memory and hand
 /// them to restartable ds4-server workers.
 ///
-/// Start:   ds4-weight-server --base MODEL.gguf --manifest /run/ds4/weights.json
-/// Preflight (allocates nothing): add --dry-run; exit 0 fits, 1 does not fit,
-/// 2 model unsupported.
-/// Status:  ds4-weight-server status --manifest PATH [--json]
-/// Drain:   ds4-weight-server drain --manifest PATH [--exit-when-idle]
-///
-/// Workers attach with: ds4-server --weights-manifest PATH.
+///   Start:      ds4-weight-server --base MODEL.gguf --manifest /run/ds4/weights.json
+///   Preflight:  add --dry-run (allocates nothing; exit 0 fits, 1 does not, 2 unsupported)
+///   Status:     ds4-weight-server status --manifest PATH [--json]
+///   Drain:      ds4-weight-server drain --manifest PATH [--exit-when-idle]
+///   Workers:    ds4-server --weights-manifest PATH
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version, about, long_about, verbatim_doc_comment)]
 struct Cli {
     /// Model file (GGUF; for a split model, the first shard).
     #[arg(

@@ -1,0 +1,117 @@
+//! `ds4-server` on the miniature DeepSeek V4 model: the family's prompt
+//! protocol (DSML tools, thinking modes) through the HTTP surfaces. The
+//! miniature model's text is random, so these check the protocol, not the
+//! answers.
+
+use ds4_tests::{tiny_model_path, Server};
+use serde_json::Value;
+
+const PARAMETERS: &str =
+    r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#;
+
+fn post(server: &Server, path: &str, body: &str) -> ds4_tests::Response {
+    server
+        .request("POST", path, Some(body.as_bytes()))
+        .expect("request")
+}
+
+/// `(event name, data)` of every SSE event in `body`.
+fn sse(body: &[u8]) -> Vec<(Option<String>, Value)> {
+    let text = String::from_utf8_lossy(body);
+    text.split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|block| {
+            let mut name = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = Some(n.to_string());
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data.push_str(d);
+                }
+            }
+            (name, serde_json::from_str(&data).expect("JSON event"))
+        })
+        .collect()
+}
+
+#[test]
+fn tools_and_thinking_requests_are_accepted_and_answered() {
+    let server = Server::start_model(&tiny_model_path(), &["--ctx", "2048"]);
+
+    let models = server.request("GET", "/v1/models", None).unwrap().json();
+    assert_eq!(models["data"][0]["id"], "ds4-tiny");
+
+    // The DSML tools block is in the prompt: offering a tool costs tokens.
+    let count = |tools: &str| {
+        let r = post(
+            &server,
+            "/v1/messages/count_tokens",
+            &format!(
+                r#"{{"model":"ds4-tiny","max_tokens":8,"messages":[{{"role":"user","content":"Weather in Rome?"}}]{tools}}}"#
+            ),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        r.json()["input_tokens"].as_u64().unwrap()
+    };
+    let plain = count("");
+    let with_tools = count(&format!(
+        r#","tools":[{{"name":"get_weather","description":"Weather of a city","input_schema":{PARAMETERS}}}]"#
+    ));
+    assert!(with_tools > plain + 100, "{with_tools} vs {plain}");
+
+    // Chat with tools, a prior call and its result, thinking off.
+    let chat = format!(
+        r#"{{"model":"ds4-tiny","max_tokens":3,"temperature":0,"reasoning_effort":"none","messages":[{{"role":"user","content":"Weather in Rome?"}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_x","type":"function","function":{{"name":"get_weather","arguments":"{{\"city\":\"Rome\"}}"}}}}]}},{{"role":"tool","tool_call_id":"call_x","content":"sunny"}}],"tools":[{{"type":"function","function":{{"name":"get_weather","description":"Weather of a city","parameters":{PARAMETERS}}}}}]}}"#
+    );
+    let r = post(&server, "/v1/chat/completions", &chat);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let finish = v["choices"][0]["finish_reason"].as_str().unwrap();
+    assert!(
+        ["length", "stop", "tool_calls"].contains(&finish),
+        "{finish}"
+    );
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > with_tools);
+
+    // An unknown effort is the client's error.
+    let bad = post(
+        &server,
+        "/v1/chat/completions",
+        &chat.replace(
+            r#""reasoning_effort":"none""#,
+            r#""reasoning_effort":"huge""#,
+        ),
+    );
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json()["error"]["param"], "reasoning_effort");
+
+    // Responses, streamed, thinking on: a well-formed event sequence.
+    let r = post(
+        &server,
+        "/v1/responses",
+        &format!(
+            r#"{{"model":"ds4-tiny","stream":true,"max_output_tokens":3,"temperature":0,"reasoning":{{"effort":"high"}},"input":"Weather in Rome?","tools":[{{"type":"function","name":"get_weather","description":"Weather of a city","parameters":{PARAMETERS}}}]}}"#
+        ),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let events = sse(&r.body);
+    assert_eq!(events[0].0.as_deref(), Some("response.created"));
+    for (i, (name, v)) in events.iter().enumerate() {
+        assert_eq!(v["sequence_number"], i);
+        assert_eq!(v["type"].as_str(), name.as_deref());
+    }
+    let (last, v) = events.last().unwrap();
+    assert!(
+        matches!(
+            last.as_deref(),
+            Some("response.incomplete" | "response.completed")
+        ),
+        "{last:?}"
+    );
+    assert!(v["response"]["output"]
+        .as_array()
+        .is_some_and(|o| !o.is_empty()));
+}
