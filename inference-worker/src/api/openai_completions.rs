@@ -121,7 +121,9 @@ async fn inner(
         stop,
         logprobs,
         tools: None,
-        reasoning: state.reasoning,
+        // A raw completion is the generated text verbatim, reasoning
+        // delimiters included.
+        reasoning: None,
     };
     let run = run::start(&state, job)?;
     let id = new_call_id("cmpl-");

@@ -90,7 +90,8 @@ impl Device {
         check("cuDevicePrimaryCtxRetain", unsafe {
             sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
         })?;
-        let device = Device {
+        // From here on, `device` releases the context on every return path.
+        let mut device = Device {
             ordinal,
             dev,
             uuid: String::new(),
@@ -127,18 +128,18 @@ impl Device {
         let hex = |r: std::ops::Range<usize>| -> String {
             b[r].iter().map(|x| format!("{x:02x}")).collect()
         };
-        Ok(Device {
-            uuid: format!(
-                "GPU-{}-{}-{}-{}-{}",
-                hex(0..4),
-                hex(4..6),
-                hex(6..8),
-                hex(8..10),
-                hex(10..16)
-            ),
-            arch: format!("sm_{major}{minor}"),
-            ..device
-        })
+        // Fill in the guard itself: building a new `Device` from it would
+        // drop the guard and release the context this one still needs.
+        device.uuid = format!(
+            "GPU-{}-{}-{}-{}-{}",
+            hex(0..4),
+            hex(4..6),
+            hex(6..8),
+            hex(8..10),
+            hex(10..16)
+        );
+        device.arch = format!("sm_{major}{minor}");
+        Ok(device)
     }
 
     /// (free, total) device memory in bytes.
