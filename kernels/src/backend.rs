@@ -31,6 +31,17 @@ impl HostBytes {
         ((*owner).as_ref().len() >= end).then_some(HostBytes { owner, start, len })
     }
 
+    /// `self[start..start + len]`, sharing the same owner; `None` when out
+    /// of range.
+    pub fn slice(&self, start: usize, len: usize) -> Option<HostBytes> {
+        let end = start.checked_add(len)?;
+        (end <= self.len).then(|| HostBytes {
+            owner: self.owner.clone(),
+            start: self.start + start,
+            len,
+        })
+    }
+
     /// Owned bytes (tests, small derived tensors).
     pub fn from_vec(v: Vec<u8>) -> HostBytes {
         let len = v.len();

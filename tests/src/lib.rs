@@ -246,6 +246,11 @@ pub struct Owner {
 impl Owner {
     /// Start the owner on the default model and wait for its manifest.
     pub fn start(extra: &[&str]) -> Owner {
+        Owner::start_model(&model_path(), extra)
+    }
+
+    /// Start the owner on `model` and wait for its manifest.
+    pub fn start_model(model: &std::path::Path, extra: &[&str]) -> Owner {
         let dir = tempfile::tempdir().expect("tempdir");
         // Traversable by other users (the credential test runs as one).
         std::fs::set_permissions(
@@ -256,7 +261,7 @@ impl Owner {
         let manifest = dir.path().join("weights.json");
         let child = Command::new(binary("ds4-weight-server"))
             .arg("--base")
-            .arg(model_path())
+            .arg(model)
             .arg("--manifest")
             .arg(&manifest)
             .args(["--backend", "host"])

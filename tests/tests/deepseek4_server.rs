@@ -3,7 +3,7 @@
 //! miniature model's text is random, so these check the protocol, not the
 //! answers.
 
-use ds4_tests::{tiny_model_path, Server};
+use ds4_tests::{tiny_model_path, Owner, Server};
 use serde_json::Value;
 
 const PARAMETERS: &str =
@@ -114,4 +114,34 @@ fn tools_and_thinking_requests_are_accepted_and_answered() {
     assert!(v["response"]["output"]
         .as_array()
         .is_some_and(|o| !o.is_empty()));
+}
+
+/// The miniature model served from a weight owner (host backend): the
+/// worker binds every tensor, routed-expert slices included, to the
+/// owner's regions, and answers exactly as a standalone worker does.
+#[test]
+fn tiny_model_through_the_weight_owner_answers_like_standalone() {
+    let tiny = tiny_model_path();
+    let ask = |server: &Server| {
+        let r = post(
+            server,
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"Hello"}],"temperature":0,"max_tokens":12,"reasoning_effort":"none"}"#,
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        assert_eq!(
+            v["usage"]["completion_tokens"].as_u64().map(|n| n > 0),
+            Some(true)
+        );
+        v["choices"][0]["message"].clone()
+    };
+    let standalone = ask(&Server::start_model(&tiny, &["--ctx", "512"]));
+    let owner = Owner::start_model(&tiny, &[]);
+    let attached = Server::start_model(
+        &tiny,
+        &["--ctx", "512", "--weights-manifest", &owner.manifest_arg()],
+    );
+    assert_eq!(ask(&attached), standalone);
+    assert_eq!(owner.status()["leases"].as_array().map(Vec::len), Some(1));
 }

@@ -133,31 +133,60 @@ pub fn check_required_keys(file: &GgufFile, family: Family) -> Result<(), ModelE
     Ok(())
 }
 
-std::thread_local! {
-    /// Tensor bytes supplied by [`Model::load_with`] for the load running
-    /// on this thread; `None` binds the file's own mapping.
-    static BOUND_BYTES: std::cell::RefCell<Option<std::collections::HashMap<String, HostBytes>>> =
-        const { std::cell::RefCell::new(None) };
+/// Where a model's tensor bytes come from: the GGUF's own mapping, or
+/// memory supplied by a weight owner (one range per tensor, laid out as in
+/// the file). Family binders take every tensor through this, so a model is
+/// bound identically from either.
+pub struct TensorSource<'a> {
+    file: &'a GgufFile,
+    supplied: Option<std::collections::HashMap<String, HostBytes>>,
 }
 
-/// A tensor of `file` as a weight source for a backend (no copy): the
-/// bytes given to [`Model::load_with`] when one is running, else the
-/// file's mapping.
-pub fn weight_source(file: &GgufFile, t: &TensorInfo) -> WeightSource {
-    let supplied = BOUND_BYTES.with(|b| b.borrow().as_ref().and_then(|m| m.get(&t.name).cloned()));
-    let bytes = supplied.unwrap_or_else(|| {
-        let shard = &file.shards()[t.shard];
+impl<'a> TensorSource<'a> {
+    /// The file's own mapping (no copy).
+    pub fn from_file(file: &'a GgufFile) -> TensorSource<'a> {
+        TensorSource {
+            file,
+            supplied: None,
+        }
+    }
+
+    /// The model's header and metadata.
+    pub fn file(&self) -> &'a GgufFile {
+        self.file
+    }
+
+    /// The tensor called `name`, or a typed error naming it.
+    pub fn info(&self, family: &'static str, name: &str) -> Result<&'a TensorInfo, ModelError> {
+        self.file
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                family,
+                name: name.into(),
+            })
+    }
+
+    /// The bytes of a tensor of this model.
+    pub fn bytes(&self, t: &TensorInfo) -> HostBytes {
+        if let Some(b) = self.supplied.as_ref().and_then(|m| m.get(&t.name)) {
+            return b.clone();
+        }
+        let shard = &self.file.shards()[t.shard];
         let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = shard.map().clone();
         HostBytes::new(owner, t.file_offset as usize, t.n_bytes as usize)
             .expect("tensor ranges are checked when the file is opened")
-    });
-    let cols = t.shape[0] as usize;
-    WeightSource {
-        name: t.name.clone(),
-        ggml_type: t.ggml_type,
-        rows: (t.n_elements() / t.shape[0]) as usize,
-        cols,
-        bytes,
+    }
+
+    /// A whole tensor as a weight source for a backend (no copy).
+    pub fn weight(&self, t: &TensorInfo) -> WeightSource {
+        let cols = t.shape[0] as usize;
+        WeightSource {
+            name: t.name.clone(),
+            ggml_type: t.ggml_type,
+            rows: (t.n_elements() / t.shape[0]) as usize,
+            cols,
+            bytes: self.bytes(t),
+        }
     }
 }
 
@@ -238,12 +267,18 @@ impl<B: Backend> Sequence<B> {
 impl<B: Backend> Model<B> {
     /// Validate `file` against its family contract and bind its weights.
     pub fn load(file: &GgufFile, backend: &B) -> Result<Model<B>, ModelError> {
+        Model::bind(&TensorSource::from_file(file), backend)
+    }
+
+    /// Validate the model and bind every tensor from `src`.
+    fn bind(src: &TensorSource<'_>, backend: &B) -> Result<Model<B>, ModelError> {
+        let file = src.file();
         let family = detect(file)?;
         check_required_keys(file, family)?;
         let name = file.metadata().get_str("general.name").map(str::to_string);
         match family {
             Family::Llama => {
-                let m = llama::LlamaModel::load(file, backend)?;
+                let m = llama::LlamaModel::load(src, backend)?;
                 let h = m.hparams();
                 let info = ModelInfo {
                     family,
@@ -259,7 +294,7 @@ impl<B: Backend> Model<B> {
                 })
             }
             Family::DeepSeek4 => {
-                let m = deepseek4::Ds4Model::load(file, backend)?;
+                let m = deepseek4::Ds4Model::load(src, backend)?;
                 let h = m.hparams();
                 let info = ModelInfo {
                     family,
@@ -300,15 +335,13 @@ impl<B: Backend> Model<B> {
             }
             map.insert(t.name.clone(), bytes);
         }
-        struct Reset;
-        impl Drop for Reset {
-            fn drop(&mut self) {
-                BOUND_BYTES.with(|b| *b.borrow_mut() = None);
-            }
-        }
-        BOUND_BYTES.with(|b| *b.borrow_mut() = Some(map));
-        let _reset = Reset;
-        Model::load(file, backend)
+        Model::bind(
+            &TensorSource {
+                file,
+                supplied: Some(map),
+            },
+            backend,
+        )
     }
 
     pub fn info(&self) -> &ModelInfo {

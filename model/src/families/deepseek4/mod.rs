@@ -36,8 +36,7 @@ mod weights;
 
 use ds4_kernels::{Backend, Numerics};
 
-use super::{Logits, ModelError};
-use crate::gguf::GgufFile;
+use super::{Logits, ModelError, TensorSource};
 pub use hparams::{Ds4HParams, REQUIRED_KEYS};
 pub use numerics::Ds4Numerics;
 use rope::Rope;
@@ -54,10 +53,10 @@ pub struct Ds4Model<B: Backend> {
 }
 
 impl<B: Backend> Ds4Model<B> {
-    pub fn load(file: &GgufFile, backend: &B) -> Result<Ds4Model<B>, ModelError> {
-        let hparams = Ds4HParams::from_file(file)?;
-        hparams::check_tensors(file, &hparams)?;
-        let weights = Ds4Weights::bind(file, &hparams, backend)?;
+    pub fn load(src: &TensorSource<'_>, backend: &B) -> Result<Ds4Model<B>, ModelError> {
+        let hparams = Ds4HParams::from_file(src.file())?;
+        hparams::check_tensors(src.file(), &hparams)?;
+        let weights = Ds4Weights::bind(src, &hparams, backend)?;
         let rope_plain = Rope::plain(hparams.n_rot, hparams.rope_base);
         let rope_comp = Rope::yarn(hparams.n_rot, hparams.compress_rope_base, &hparams.yarn);
         let numerics = match backend.numerics() {

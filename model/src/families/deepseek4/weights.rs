@@ -9,11 +9,11 @@
 //! are read to host memory.
 
 use ds4_kernels::quant::{self, GgmlType};
-use ds4_kernels::{Backend, HostBytes, WeightSource};
+use ds4_kernels::{Backend, WeightSource};
 
 use super::hparams::Ds4HParams;
-use crate::families::{weight_source, ModelError};
-use crate::gguf::{GgufFile, TensorInfo};
+use crate::families::{ModelError, TensorSource};
+use crate::gguf::TensorInfo;
 
 const FAMILY: &str = "deepseek4";
 
@@ -79,17 +79,11 @@ pub struct Ds4Weights<B: Backend> {
     pub output: B::Weight,
 }
 
-fn tensor<'a>(file: &'a GgufFile, name: &str) -> Result<&'a TensorInfo, ModelError> {
-    file.tensor(name).ok_or_else(|| ModelError::MissingTensor {
-        family: FAMILY,
-        name: name.into(),
-    })
-}
-
 /// All values of a tensor as f32 (any float or quant type; I32 converted).
-pub fn host_f32(file: &GgufFile, name: &str) -> Result<Vec<f32>, ModelError> {
-    let t = tensor(file, name)?;
-    let bytes = file.tensor_data(t);
+pub fn host_f32(src: &TensorSource<'_>, name: &str) -> Result<Vec<f32>, ModelError> {
+    let t = src.info(FAMILY, name)?;
+    let bytes = src.bytes(t);
+    let bytes = bytes.as_slice();
     let n = t.n_elements() as usize;
     let mut out = vec![0f32; n];
     let row = t.shape[0] as usize;
@@ -108,7 +102,7 @@ pub fn host_f32(file: &GgufFile, name: &str) -> Result<Vec<f32>, ModelError> {
 /// A block of `n_rows` rows starting at row `first` of a tensor (row =
 /// `shape[0]` values), as a weight source.
 fn row_block(
-    file: &GgufFile,
+    src: &TensorSource<'_>,
     t: &TensorInfo,
     first: usize,
     n_rows: usize,
@@ -119,10 +113,9 @@ fn row_block(
         .ggml_type
         .row_bytes(cols)
         .expect("tensor rows are whole blocks (checked when the file is opened)");
-    let shard = &file.shards()[t.shard];
-    let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = shard.map().clone();
-    let start = t.file_offset as usize + first * row_bytes;
-    let bytes = HostBytes::new(owner, start, n_rows * row_bytes)
+    let bytes = src
+        .bytes(t)
+        .slice(first * row_bytes, n_rows * row_bytes)
         .expect("row block lies inside the tensor, whose range was checked");
     WeightSource {
         name,
@@ -135,33 +128,37 @@ fn row_block(
 
 impl<B: Backend> Ds4Weights<B> {
     /// Bind every tensor (the inventory has been checked already).
-    pub fn bind(file: &GgufFile, h: &Ds4HParams, be: &B) -> Result<Ds4Weights<B>, ModelError> {
+    pub fn bind(
+        src: &TensorSource<'_>,
+        h: &Ds4HParams,
+        be: &B,
+    ) -> Result<Ds4Weights<B>, ModelError> {
         let bind = |name: &str| -> Result<B::Weight, ModelError> {
-            Ok(be.bind_weight(weight_source(file, tensor(file, name)?))?)
+            Ok(be.bind_weight(src.weight(src.info(FAMILY, name)?))?)
         };
         let hc = |prefix: &str| -> Result<HcWeights<B>, ModelError> {
             Ok(HcWeights {
                 fn_: bind(&format!("{prefix}_fn.weight"))?,
-                scale: host_f32(file, &format!("{prefix}_scale.weight"))?,
-                base: host_f32(file, &format!("{prefix}_base.weight"))?,
+                scale: host_f32(src, &format!("{prefix}_scale.weight"))?,
+                base: host_f32(src, &format!("{prefix}_base.weight"))?,
             })
         };
         let compressor = |prefix: &str| -> Result<CompressorWeights<B>, ModelError> {
             Ok(CompressorWeights {
                 kv: bind(&format!("{prefix}_kv.weight"))?,
                 gate: bind(&format!("{prefix}_gate.weight"))?,
-                ape: host_f32(file, &format!("{prefix}_ape.weight"))?,
-                norm: host_f32(file, &format!("{prefix}_norm.weight"))?,
+                ape: host_f32(src, &format!("{prefix}_ape.weight"))?,
+                norm: host_f32(src, &format!("{prefix}_norm.weight"))?,
             })
         };
         let mut layers = Vec::with_capacity(h.n_layer);
         for (l, &r) in h.ratios.iter().enumerate() {
             let b = |s: &str| format!("blk.{l}.{s}.weight");
-            let out_a_t = tensor(file, &b("attn_output_a"))?;
+            let out_a_t = src.info(FAMILY, &b("attn_output_a"))?;
             let out_a = (0..h.o_groups)
                 .map(|g| {
                     let src = row_block(
-                        file,
+                        src,
                         out_a_t,
                         g * h.o_lora,
                         h.o_lora,
@@ -171,12 +168,12 @@ impl<B: Backend> Ds4Weights<B> {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let expert_slices = |s: &str| -> Result<Vec<B::Weight>, ModelError> {
-                let t = tensor(file, &b(s))?;
+                let t = src.info(FAMILY, &b(s))?;
                 let rows = t.shape[1] as usize;
                 (0..h.n_expert)
                     .map(|e| {
                         let src =
-                            row_block(file, t, e * rows, rows, format!("{}[expert {e}]", t.name));
+                            row_block(src, t, e * rows, rows, format!("{}[expert {e}]", t.name));
                         be.bind_weight(src).map_err(ModelError::from)
                     })
                     .collect()
@@ -194,10 +191,11 @@ impl<B: Backend> Ds4Weights<B> {
                 .collect();
             let tid2eid = if l < h.n_hash_layers {
                 let name = b("ffn_gate_tid2eid");
-                let t = tensor(file, &name)?;
+                let t = src.info(FAMILY, &name)?;
                 debug_assert_eq!(t.ggml_type, GgmlType::I32);
-                let ids: Vec<u32> = file
-                    .tensor_data(t)
+                let ids: Vec<u32> = src
+                    .bytes(t)
+                    .as_slice()
                     .chunks_exact(4)
                     .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                     .map(|id| {
@@ -217,20 +215,20 @@ impl<B: Backend> Ds4Weights<B> {
                 None
             };
             let bias_name = format!("blk.{l}.exp_probs_b.bias");
-            let router_bias = if file.tensor(&bias_name).is_some() {
-                host_f32(file, &bias_name)?
+            let router_bias = if src.file().tensor(&bias_name).is_some() {
+                host_f32(src, &bias_name)?
             } else {
                 vec![0.0; h.n_expert]
             };
             layers.push(LayerWeights {
                 hc_attn: hc(&format!("blk.{l}.hc_attn"))?,
-                attn_norm: host_f32(file, &b("attn_norm"))?,
+                attn_norm: host_f32(src, &b("attn_norm"))?,
                 q_a: bind(&b("attn_q_a"))?,
-                q_a_norm: host_f32(file, &b("attn_q_a_norm"))?,
+                q_a_norm: host_f32(src, &b("attn_q_a_norm"))?,
                 q_b: bind(&b("attn_q_b"))?,
                 kv: bind(&b("attn_kv"))?,
-                kv_norm: host_f32(file, &b("attn_kv_a_norm"))?,
-                sinks: host_f32(file, &b("attn_sinks"))?,
+                kv_norm: host_f32(src, &b("attn_kv_a_norm"))?,
+                sinks: host_f32(src, &b("attn_sinks"))?,
                 out_a,
                 out_b: bind(&b("attn_output_b"))?,
                 compressor: if r != 0 {
@@ -248,7 +246,7 @@ impl<B: Backend> Ds4Weights<B> {
                     None
                 },
                 hc_ffn: hc(&format!("blk.{l}.hc_ffn"))?,
-                ffn_norm: host_f32(file, &b("ffn_norm"))?,
+                ffn_norm: host_f32(src, &b("ffn_norm"))?,
                 router: bind(&b("ffn_gate_inp"))?,
                 router_bias,
                 tid2eid,
@@ -264,7 +262,7 @@ impl<B: Backend> Ds4Weights<B> {
             token_embd: bind("token_embd.weight")?,
             layers,
             hc_out: hc("output_hc")?,
-            output_norm: host_f32(file, "output_norm.weight")?,
+            output_norm: host_f32(src, "output_norm.weight")?,
             output: bind("output.weight")?,
         })
     }

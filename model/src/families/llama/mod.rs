@@ -16,8 +16,7 @@ mod weights;
 
 use ds4_kernels::Backend;
 
-use super::{Logits, ModelError};
-use crate::gguf::GgufFile;
+use super::{Logits, ModelError, TensorSource};
 pub use hparams::{LlamaHParams, REQUIRED_KEYS};
 use weights::LlamaWeights;
 
@@ -28,10 +27,10 @@ pub struct LlamaModel<B: Backend> {
 }
 
 impl<B: Backend> LlamaModel<B> {
-    pub fn load(file: &GgufFile, backend: &B) -> Result<LlamaModel<B>, ModelError> {
-        let hparams = LlamaHParams::from_file(file)?;
-        hparams::check_tensors(file, &hparams)?;
-        let weights = LlamaWeights::bind(file, &hparams, backend)?;
+    pub fn load(src: &TensorSource<'_>, backend: &B) -> Result<LlamaModel<B>, ModelError> {
+        let hparams = LlamaHParams::from_file(src.file())?;
+        hparams::check_tensors(src.file(), &hparams)?;
+        let weights = LlamaWeights::bind(src, &hparams, backend)?;
         Ok(LlamaModel { hparams, weights })
     }
 

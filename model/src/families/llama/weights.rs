@@ -3,8 +3,7 @@
 use ds4_kernels::Backend;
 
 use super::LlamaHParams;
-use crate::families::{weight_source, ModelError};
-use crate::gguf::GgufFile;
+use crate::families::{ModelError, TensorSource};
 
 pub struct LayerWeights<B: Backend> {
     pub attn_norm: B::Weight,
@@ -33,16 +32,13 @@ impl<B: Backend> LlamaWeights<B> {
 
     /// Bind every tensor (the inventory has been checked already).
     pub fn bind(
-        file: &GgufFile,
+        src: &TensorSource<'_>,
         h: &LlamaHParams,
         backend: &B,
     ) -> Result<LlamaWeights<B>, ModelError> {
         let bind = |name: &str| -> Result<B::Weight, ModelError> {
-            let t = file.tensor(name).ok_or_else(|| ModelError::MissingTensor {
-                family: "llama",
-                name: name.into(),
-            })?;
-            Ok(backend.bind_weight(weight_source(file, t))?)
+            let t = src.info("llama", name)?;
+            Ok(backend.bind_weight(src.weight(t))?)
         };
         let layers = (0..h.n_layer)
             .map(|i| {
