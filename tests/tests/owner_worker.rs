@@ -76,6 +76,11 @@ fn worker_keeps_serving_when_the_owner_dies() {
     let m = owner.manifest_arg();
     let mut worker = Server::start(&["--weights-manifest", &m]);
     assert_eq!(worker.ask(QUESTION), ANSWER);
+    let health = worker
+        .request("GET", "/health", None)
+        .expect("health")
+        .json();
+    assert_eq!(health["weights"], "owner");
     owner.kill();
     // Past a keep-alive or two: the worker notices and keeps serving.
     std::thread::sleep(Duration::from_millis(1500));
@@ -83,6 +88,10 @@ fn worker_keeps_serving_when_the_owner_dies() {
     assert_eq!(worker.ask(QUESTION), ANSWER);
     let health = worker.request("GET", "/health", None).expect("health");
     assert_eq!(health.status, 200);
+    // The worker says where it stands.
+    assert_eq!(health.json()["weights"], "owner_gone");
+    let stats = worker.request("GET", "/v1/stats", None).expect("stats");
+    assert!(String::from_utf8_lossy(&stats.body).contains("owner_gone"));
 
     // A new worker refuses the dead owner's manifest, saying what to do.
     let (code, _, err) =

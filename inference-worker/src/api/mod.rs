@@ -20,6 +20,7 @@ mod openai_responses;
 mod run;
 mod stats;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,7 +35,6 @@ use axum::Router;
 use serde::Deserialize;
 
 use crate::engine::EngineHandle;
-use crate::reasoning::Delimiters;
 use crate::runtime::Prompter;
 use crate::sampler::SamplingParams;
 use crate::tools::ReplayStore;
@@ -54,8 +54,9 @@ pub struct ServerOptions {
     /// Send permissive CORS headers and answer preflights.
     pub cors: bool,
     pub max_body_bytes: usize,
-    /// How the served family marks reasoning, if it does.
-    pub reasoning: Option<Delimiters>,
+    /// Set while the weights come from an owner: `false` once the owner
+    /// is found gone (the worker serves on from the imported memory).
+    pub owner_alive: Option<Arc<AtomicBool>>,
 }
 
 impl Default for ServerOptions {
@@ -64,7 +65,7 @@ impl Default for ServerOptions {
             api_key: None,
             cors: false,
             max_body_bytes: MAX_BODY_BYTES,
-            reasoning: None,
+            owner_alive: None,
         }
     }
 }
@@ -82,7 +83,7 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub cors: bool,
     pub max_body_bytes: usize,
-    pub reasoning: Option<Delimiters>,
+    owner_alive: Option<Arc<AtomicBool>>,
     /// Sampled tool-call bytes by call id, for exact replay of history.
     pub replay: Arc<ReplayStore>,
 }
@@ -105,8 +106,18 @@ impl AppState {
             api_key: opts.api_key,
             cors: opts.cors,
             max_body_bytes: opts.max_body_bytes,
-            reasoning: opts.reasoning,
+            owner_alive: opts.owner_alive,
             replay: Arc::new(ReplayStore::default()),
+        }
+    }
+
+    /// Where the weights come from: `standalone`, `owner`, or `owner_gone`
+    /// (attached to an owner that has since died; serving goes on).
+    pub fn weights(&self) -> &'static str {
+        match &self.owner_alive {
+            None => "standalone",
+            Some(a) if a.load(Ordering::Relaxed) => "owner",
+            Some(_) => "owner_gone",
         }
     }
 

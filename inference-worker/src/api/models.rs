@@ -56,6 +56,8 @@ pub struct Health {
     model: String,
     queue_depth: usize,
     uptime_s: u64,
+    /// `standalone`, `owner` or `owner_gone`.
+    weights: &'static str,
 }
 
 pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {
@@ -64,5 +66,6 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {
         model: state.model_id.clone(),
         queue_depth: state.engine.queue_depth(),
         uptime_s: state.started.elapsed().as_secs(),
+        weights: state.weights(),
     })
 }

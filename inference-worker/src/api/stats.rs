@@ -30,6 +30,8 @@ struct Stats {
     model: String,
     ctx: usize,
     uptime_s: u64,
+    /// `standalone`, `owner` or `owner_gone`.
+    weights: &'static str,
     #[serde(flatten)]
     totals: Snapshot,
 }
@@ -41,6 +43,7 @@ pub async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
         model: state.model_id.clone(),
         ctx: state.ctx,
         uptime_s: state.started.elapsed().as_secs(),
+        weights: state.weights(),
         totals: m.snapshot(),
     };
     let wants_json = headers
@@ -53,6 +56,7 @@ pub async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
     let t = &s.totals;
     let board = format!(
         "ds4  {model}  ctx {ctx}  up {up}s\n\
+         weights         {weights}\n\
          requests        {req}\n\
          prompt tokens   {pt} ({ct} cached)\n\
          generated       {gt}\n\
@@ -63,6 +67,7 @@ pub async fn stats(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
         model = s.model,
         ctx = s.ctx,
         up = s.uptime_s,
+        weights = s.weights,
         req = t.requests,
         pt = t.prompt_tokens,
         ct = t.cached_tokens,

@@ -9,7 +9,6 @@ use ds4_inference_worker::api::{router, AppState, ServerOptions};
 use ds4_inference_worker::cli::{init_logging, ModelArgs};
 use ds4_inference_worker::engine;
 use ds4_inference_worker::metrics::Metrics;
-use ds4_inference_worker::reasoning;
 use ds4_inference_worker::weights::{explicit_model, WeightsArgs};
 use ds4_kernels::CpuBackend;
 
@@ -91,7 +90,7 @@ fn main() -> anyhow::Result<()> {
         api_key: cli.api_key.clone().filter(|k| !k.is_empty()),
         cors: cli.cors,
         max_body_bytes: cli.max_body_mb.max(1) * 1024 * 1024,
-        reasoning: reasoning::delimiters_for(info.family),
+        owner_alive: weights.as_ref().map(|w| w.owner_alive_flag()),
     };
     let state = Arc::new(AppState::new(handle, prompter, model_id, ctx, opts));
     let rt = tokio::runtime::Builder::new_multi_thread()

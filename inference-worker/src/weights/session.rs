@@ -41,6 +41,11 @@ impl WeightsSession {
     pub fn owner_alive(&self) -> bool {
         self.attachment.owner_alive().load(Ordering::Relaxed)
     }
+
+    /// The shared flag behind [`Self::owner_alive`], for status reporting.
+    pub fn owner_alive_flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        self.attachment.owner_alive()
+    }
 }
 
 impl Drop for WeightsSession {
