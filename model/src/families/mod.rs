@@ -276,40 +276,31 @@ impl<B: Backend> Model<B> {
         let family = detect(file)?;
         check_required_keys(file, family)?;
         let name = file.metadata().get_str("general.name").map(str::to_string);
-        match family {
+        // (n_vocab, n_ctx_train, n_layer, n_embd) of the bound model.
+        let (inner, dims) = match family {
             Family::Llama => {
                 let m = llama::LlamaModel::load(src, backend)?;
                 let h = m.hparams();
-                let info = ModelInfo {
-                    family,
-                    name,
-                    n_vocab: h.n_vocab,
-                    n_ctx_train: h.n_ctx_train,
-                    n_layer: h.n_layer,
-                    n_embd: h.n_embd,
-                };
-                Ok(Model {
-                    info,
-                    inner: FamilyModel::Llama(m),
-                })
+                let dims = (h.n_vocab, h.n_ctx_train, h.n_layer, h.n_embd);
+                (FamilyModel::Llama(m), dims)
             }
             Family::DeepSeek4 => {
                 let m = deepseek4::Ds4Model::load(src, backend)?;
                 let h = m.hparams();
-                let info = ModelInfo {
-                    family,
-                    name,
-                    n_vocab: h.n_vocab,
-                    n_ctx_train: h.n_ctx_train,
-                    n_layer: h.n_layer,
-                    n_embd: h.n_embd,
-                };
-                Ok(Model {
-                    info,
-                    inner: FamilyModel::DeepSeek4(Box::new(m)),
-                })
+                let dims = (h.n_vocab, h.n_ctx_train, h.n_layer, h.n_embd);
+                (FamilyModel::DeepSeek4(Box::new(m)), dims)
             }
-        }
+        };
+        let (n_vocab, n_ctx_train, n_layer, n_embd) = dims;
+        let info = ModelInfo {
+            family,
+            name,
+            n_vocab,
+            n_ctx_train,
+            n_layer,
+            n_embd,
+        };
+        Ok(Model { info, inner })
     }
 
     /// Like [`Model::load`], but every tensor's bytes come from `bytes_of`
