@@ -606,10 +606,11 @@ mod tests {
         let n = names.len();
         assert_eq!(names[..2], ["message_start", "content_block_start"]);
         assert_eq!(
-            names[n - 6..],
+            names[n - 7..],
             [
                 "content_block_stop",
                 "content_block_start",
+                "content_block_delta",
                 "content_block_delta",
                 "content_block_stop",
                 "message_delta",
@@ -622,7 +623,7 @@ mod tests {
             .filter_map(|e| e.1["delta"]["text"].as_str())
             .collect();
         assert_eq!(text, "Let me check.\n");
-        let start = &ev[n - 5].1;
+        let start = &ev[n - 6].1;
         assert_eq!(start["index"], 1);
         assert_eq!(start["content_block"]["type"], "tool_use");
         assert_eq!(start["content_block"]["name"], "get_weather");
@@ -630,9 +631,13 @@ mod tests {
             .as_str()
             .unwrap()
             .starts_with("call_"));
-        let delta = &ev[n - 4].1["delta"];
-        assert_eq!(delta["type"], "input_json_delta");
-        assert_eq!(delta["partial_json"], "{\"city\":\"Paris\"}");
+        // The input streams in the two pieces the model wrote.
+        let mut input = String::new();
+        for e in &ev[n - 5..n - 3] {
+            assert_eq!(e.1["delta"]["type"], "input_json_delta");
+            input.push_str(e.1["delta"]["partial_json"].as_str().unwrap());
+        }
+        assert_eq!(input, "{\"city\": \"Paris\"}");
         assert_eq!(ev[n - 3].1["index"], 1);
         assert_eq!(ev[n - 2].1["delta"]["stop_reason"], "tool_use");
         assert_eq!(ev[n - 2].1["usage"]["output_tokens"], 9);

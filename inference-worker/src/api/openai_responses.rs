@@ -824,6 +824,8 @@ mod tests {
                 "response.content_part.done",
                 "response.output_item.done",
                 "response.output_item.added",
+                // The arguments stream in the two pieces the model wrote.
+                "response.function_call_arguments.delta",
                 "response.function_call_arguments.delta",
                 "response.function_call_arguments.done",
                 "response.output_item.done",
@@ -851,7 +853,7 @@ mod tests {
         assert_eq!(done["output"][0]["role"], "assistant");
         assert_eq!(done["output"][0]["content"][0]["text"], "Let me check.\n");
         assert_eq!(done["output"][1]["name"], "get_weather");
-        assert_eq!(done["output"][1]["arguments"], "{\"city\":\"Paris\"}");
+        assert_eq!(done["output"][1]["arguments"], "{\"city\": \"Paris\"}");
         assert_eq!(done["usage"]["output_tokens"], 9);
     }
 

@@ -82,6 +82,7 @@ pub struct Finish {
     /// The stop string that ended the run, if one did.
     pub stop_string: Option<String>,
     pub timings: Timings,
+    /// Tool calls the model finished writing.
     pub calls: usize,
 }
 
@@ -224,15 +225,19 @@ impl Run {
                 let mut out = Vec::new();
                 let parts = self.splitter.finish();
                 self.route(parts, &mut out);
+                let mut cut_short = false;
                 if let Some(t) = &mut self.tools {
                     let events = t.stream.finish();
                     self.calls = t.events(events, self.calls, &mut out);
+                    cut_short = t.stream.cut_short();
                 }
                 let finish = Finish {
                     reason: g.finish,
                     stop_string: g.stop_string,
                     timings: g.timings,
-                    calls: self.calls,
+                    // A call the token limit cut short is not a finished
+                    // call: the run ended for length.
+                    calls: self.calls - usize::from(cut_short),
                 };
                 if out.is_empty() {
                     self.done = true;
@@ -611,12 +616,34 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn a_call_cut_short_is_not_a_finished_call() {
+        let run = scripted(
+            &["<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"ci"],
+            None,
+            Some(ToolParsing {
+                id_prefix: "call_",
+                names: vec!["get_weather".into()],
+                forced: String::new(),
+                protocol: ToolProtocol::Envelope,
+                replay: None,
+            }),
+        );
+        let (c, f) = collect(run).await.unwrap();
+        // The started call and its partial arguments went out ...
+        assert_eq!(c.calls.len(), 1);
+        assert_eq!(c.calls[0].arguments, "{\"ci");
+        // ... but the run did not end with a finished call.
+        assert_eq!(f.calls, 0);
+    }
+
+    #[tokio::test]
     async fn a_generated_envelope_becomes_a_tool_call() {
         let (c, f) = collect(envelope_run(None)).await.unwrap();
         assert_eq!(c.text, "Let me check.\n");
         assert_eq!(c.calls.len(), 1);
         assert_eq!(c.calls[0].name, "get_weather");
-        assert_eq!(c.calls[0].arguments, "{\"city\":\"Paris\"}");
+        // The model's own bytes, streamed in two pieces.
+        assert_eq!(c.calls[0].arguments, "{\"city\": \"Paris\"}");
         assert!(c.calls[0].id.starts_with("call_"));
         assert_eq!(f.calls, 1);
         assert_eq!(c.tokens.len(), 8);

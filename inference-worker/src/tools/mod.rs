@@ -116,9 +116,15 @@ pub fn forced_prefix(choice: &ToolChoice) -> String {
 
 /// An earlier call as the model would have written it.
 pub fn render_call(name: &str, arguments: &str) -> String {
-    let args: Value =
+    /// Name first, as the system prompt documents it (and as calls stream).
+    #[derive(serde::Serialize)]
+    struct Envelope<'a> {
+        name: &'a str,
+        arguments: Value,
+    }
+    let arguments =
         serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.into()));
-    let body = serde_json::json!({"name": name, "arguments": args});
+    let body = serde_json::to_string(&Envelope { name, arguments }).expect("JSON values serialize");
     format!("{CALL_OPEN}\n{body}\n{CALL_CLOSE}")
 }
 
@@ -163,10 +169,11 @@ mod tests {
         let out = p.push(&text);
         assert_eq!(
             out,
-            vec![Parsed::Call {
-                name: "f".into(),
-                arguments: "{\"x\":1}".into()
-            }]
+            vec![
+                Parsed::Start { name: "f".into() },
+                Parsed::Args("{\"x\":1}".into()),
+                Parsed::End
+            ]
         );
     }
 }

@@ -9,18 +9,46 @@ use super::{CALL_CLOSE, CALL_OPEN};
 pub enum Parsed {
     /// Ordinary answer text.
     Text(String),
-    /// A complete call: the tool name and its arguments as JSON text.
+    /// A complete call found only once its envelope closed (its fields in
+    /// another order, or string-encoded arguments): the tool name and its
+    /// arguments as JSON text.
     Call { name: String, arguments: String },
+    /// A streamed call starts (`{"name": "...", "arguments": {` seen).
+    Start { name: String },
+    /// More of the streamed call's arguments, as the model wrote them.
+    Args(String),
+    /// The streamed call's arguments are complete.
+    End,
+}
+
+/// Where the parser is in the text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum State {
+    /// Answer text.
+    #[default]
+    Outside,
+    /// Inside an envelope, before the call's header is known.
+    Header,
+    /// Inside a streamed call's arguments object.
+    Args {
+        depth: u32,
+        in_str: bool,
+        escape: bool,
+    },
+    /// After a streamed call's arguments, up to the closing tag.
+    Tail,
 }
 
 /// Streaming envelope parser: push text as it is generated, get back text
-/// and completed calls. Text that might be the start of an envelope is
-/// held back until it is known; an envelope that does not hold a valid
-/// call is released as text.
+/// and calls. Text that might be the start of an envelope is held back
+/// until it is known. A call written in the documented shape
+/// (`{"name": "...", "arguments": {...}}`) to an offered tool streams its
+/// arguments as the model writes them; any other envelope is parsed when
+/// it closes, and released as text if it does not hold a valid call.
 #[derive(Debug, Default)]
 pub struct CallParser {
     buf: String,
-    inside: bool,
+    state: State,
     /// Tools that may be called; calls to other names are text. Empty:
     /// any name.
     names: Vec<String>,
@@ -29,6 +57,8 @@ pub struct CallParser {
     forced: String,
     /// The last thing released was a call.
     after_call: bool,
+    /// Generation ended inside a streamed call.
+    cut_short: bool,
 }
 
 impl CallParser {
@@ -73,13 +103,53 @@ impl CallParser {
         self.buf.push_str(text);
         let mut out = Vec::new();
         loop {
-            if self.inside {
+            if let State::Args { .. } = self.state {
+                match self.scan_args() {
+                    Some(end) => {
+                        out.push(Parsed::Args(self.buf[..end].to_string()));
+                        self.buf.drain(..end);
+                        self.state = State::Tail;
+                    }
+                    None => {
+                        if !self.buf.is_empty() {
+                            out.push(Parsed::Args(std::mem::take(&mut self.buf)));
+                        }
+                        break;
+                    }
+                }
+            } else if self.state == State::Tail {
+                // The envelope's closing brace and tag: not part of the call.
+                let Some(end) = self.buf.find(CALL_CLOSE) else {
+                    break;
+                };
+                self.buf.drain(..end + CALL_CLOSE.len());
+                self.state = State::Outside;
+                self.after_call = true;
+                out.push(Parsed::End);
+            } else if self.state == State::Header {
+                match header(&self.buf) {
+                    Header::Streams { name, args_at }
+                        if self.names.is_empty() || self.names.contains(&name) =>
+                    {
+                        self.buf.drain(..args_at);
+                        self.forced.clear();
+                        self.state = State::Args {
+                            depth: 0,
+                            in_str: false,
+                            escape: false,
+                        };
+                        out.push(Parsed::Start { name });
+                        continue;
+                    }
+                    // Not streamable: parsed whole when it closes.
+                    _ => {}
+                }
                 let Some(end) = self.buf.find(CALL_CLOSE) else {
                     break;
                 };
                 let body = self.buf[..end].to_string();
                 self.buf.drain(..end + CALL_CLOSE.len());
-                self.inside = false;
+                self.state = State::Outside;
                 match self.parse(&body) {
                     Some(call) => {
                         self.forced.clear();
@@ -101,7 +171,7 @@ impl CallParser {
                     out.push(Parsed::Text(self.buf[..at].to_string()));
                 }
                 self.buf.drain(..at + CALL_OPEN.len());
-                self.inside = true;
+                self.state = State::Header;
             } else {
                 let hold = held_prefix_len(&self.buf, CALL_OPEN);
                 let emit = self.buf.len() - hold;
@@ -116,12 +186,66 @@ impl CallParser {
         out
     }
 
-    /// Whatever is left when generation ends: held text, or an unfinished
-    /// envelope (as text, unless it already holds a complete call).
+    /// Whether generation ended inside a streamed call's arguments.
+    pub fn cut_short(&self) -> bool {
+        self.cut_short
+    }
+
+    /// Byte length of the arguments object at the start of `buf` once it
+    /// is complete, updating the JSON nesting state as it scans.
+    fn scan_args(&mut self) -> Option<usize> {
+        let State::Args {
+            mut depth,
+            mut in_str,
+            mut escape,
+        } = self.state
+        else {
+            return None;
+        };
+        let mut end = None;
+        for (i, b) in self.buf.bytes().enumerate() {
+            if in_str {
+                match (escape, b) {
+                    (true, _) => escape = false,
+                    (false, b'\\') => escape = true,
+                    (false, b'"') => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_str = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        end = Some(i + 1);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.state = State::Args {
+            depth,
+            in_str,
+            escape,
+        };
+        end
+    }
+
+    /// Whatever is left when generation ends: held text, the end of a
+    /// streamed call, or an unfinished envelope (as text, unless it
+    /// already holds a complete call).
     pub fn finish(&mut self) -> Vec<Parsed> {
         let rest = std::mem::take(&mut self.buf);
-        if self.inside {
-            self.inside = false;
+        let state = std::mem::take(&mut self.state);
+        if matches!(state, State::Args { .. } | State::Tail) {
+            // A streamed call cut short: its arguments went out already.
+            self.cut_short = matches!(state, State::Args { .. });
+            return vec![Parsed::End];
+        }
+        if state == State::Header {
             if let Some(call) = self.parse(&rest) {
                 return vec![call];
             }
@@ -135,6 +259,74 @@ impl CallParser {
         } else {
             vec![Parsed::Text(rest)]
         }
+    }
+}
+
+/// What the start of an envelope's body says.
+#[derive(Debug, PartialEq, Eq)]
+enum Header {
+    /// `{"name": "<name>", "arguments": {`: the arguments object starts at
+    /// byte `args_at`.
+    Streams { name: String, args_at: usize },
+    /// Not decided yet.
+    NeedMore,
+    /// Another shape: parse the whole envelope when it closes.
+    Other,
+}
+
+fn header(body: &str) -> Header {
+    let b = body.as_bytes();
+    let mut i = 0;
+    let ws = |i: &mut usize| {
+        while *i < b.len() && b[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    // Expect the literal `lit` at i (after whitespace).
+    let lit = |i: &mut usize, lit: &str| -> Option<bool> {
+        ws(i);
+        let rest = &b[*i..];
+        if rest.len() < lit.len() {
+            return lit.as_bytes().starts_with(rest).then_some(false);
+        }
+        if rest.starts_with(lit.as_bytes()) {
+            *i += lit.len();
+            Some(true)
+        } else {
+            None
+        }
+    };
+    for l in ["{", "\"name\"", ":", "\""] {
+        match lit(&mut i, l) {
+            Some(true) => {}
+            Some(false) => return Header::NeedMore,
+            None => return Header::Other,
+        }
+    }
+    let start = i;
+    while i < b.len() && b[i] != b'"' {
+        if b[i] == b'\\' {
+            return Header::Other;
+        }
+        i += 1;
+    }
+    if i == b.len() {
+        return Header::NeedMore;
+    }
+    let name = body[start..i].to_string();
+    i += 1;
+    for l in [",", "\"arguments\"", ":"] {
+        match lit(&mut i, l) {
+            Some(true) => {}
+            Some(false) => return Header::NeedMore,
+            None => return Header::Other,
+        }
+    }
+    ws(&mut i);
+    match b.get(i) {
+        None => Header::NeedMore,
+        Some(b'{') => Header::Streams { name, args_at: i },
+        Some(_) => Header::Other,
     }
 }
 
@@ -183,10 +375,19 @@ mod tests {
         for x in out {
             match (merged.last_mut(), x) {
                 (Some(Parsed::Text(a)), Parsed::Text(b)) => a.push_str(&b),
+                (Some(Parsed::Args(a)), Parsed::Args(b)) => a.push_str(&b),
                 (_, x) => merged.push(x),
             }
         }
         merged
+    }
+
+    fn streamed(name: &str, args: &str) -> [Parsed; 3] {
+        [
+            Parsed::Start { name: name.into() },
+            Parsed::Args(args.into()),
+            Parsed::End,
+        ]
     }
 
     #[test]
@@ -195,11 +396,12 @@ mod tests {
         for n in [1, 2, 3, 7, 1000] {
             assert_eq!(
                 feed(text, n),
-                vec![
-                    Parsed::Text("Let me check.\n".into()),
-                    call("get_weather", "{\"city\":\"Paris\"}"),
-                    call("now", "{}"),
-                ],
+                [
+                    vec![Parsed::Text("Let me check.\n".into())],
+                    streamed("get_weather", "{\"city\": \"Paris\"}").to_vec(),
+                    streamed("now", "{}").to_vec(),
+                ]
+                .concat(),
                 "pieces of {n}"
             );
         }
@@ -225,12 +427,46 @@ mod tests {
         let mut p = CallParser::for_tools(vec!["f".into()], forced);
         assert_eq!(
             p.push("{\"x\": 1}}\n</tool_call>"),
-            vec![call("f", "{\"x\":1}")]
+            streamed("f", "{\"x\": 1}").to_vec()
         );
         let mut p = CallParser::for_tools(vec!["f".into()], forced);
         let mut out = p.push("oops, no JSON");
         out.extend(p.finish());
         assert_eq!(out, vec![Parsed::Text("oops, no JSON".into())]);
+    }
+
+    #[test]
+    fn arguments_stream_before_the_envelope_closes() {
+        let mut p = CallParser::for_tools(vec!["f".into()], "");
+        assert_eq!(p.push("<tool_call>{\"name\": \"f\", \"argu"), vec![]);
+        assert_eq!(
+            p.push("ments\": {\"q\": \"a}b"),
+            vec![
+                Parsed::Start { name: "f".into() },
+                Parsed::Args("{\"q\": \"a}b".into())
+            ]
+        );
+        // Braces inside strings and escaped quotes do not end the object.
+        assert_eq!(
+            p.push("\\\"\", \"n\": [1, {}]"),
+            vec![Parsed::Args("\\\"\", \"n\": [1, {}]".into())]
+        );
+        assert_eq!(
+            p.push("}} </tool_call> done"),
+            vec![
+                Parsed::Args("}".into()),
+                Parsed::End,
+                Parsed::Text("done".into())
+            ]
+        );
+        // A streamed call cut short still ends.
+        let mut p = CallParser::new();
+        assert_eq!(
+            p.push("<tool_call>{\"name\": \"g\", \"arguments\": {\"a\""),
+            streamed("g", "{\"a\"")[..2].to_vec()
+        );
+        assert_eq!(p.finish(), vec![Parsed::End]);
+        assert!(p.cut_short());
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! - [`ToolProtocol::Envelope`]: the generic `<tool_call>{json}</tool_call>`
 //!   envelope (families whose template has no tool syntax, e.g. llama).
-//!   A call is known only when its envelope closes, so its arguments
-//!   arrive in one piece.
+//!   A call in the documented shape starts as soon as its name is read
+//!   and its arguments stream as the model writes them; other shapes are
+//!   recognised when the envelope closes and arrive in one piece.
 //! - [`ToolProtocol::Dsml`]: DeepSeek V4's DSML block
 //!   ([`ds4_model::prompt::dsml`]). A call's name is known as soon as its
 //!   `invoke` header is complete and its arguments stream as JSON text.
@@ -81,6 +82,15 @@ impl ToolStream {
         }
     }
 
+    /// Whether generation ended inside a streamed call's arguments (the
+    /// call was ended by [`Self::finish`], not by the model).
+    pub fn cut_short(&self) -> bool {
+        match self {
+            ToolStream::Envelope(p) => p.cut_short(),
+            ToolStream::Dsml { .. } => false,
+        }
+    }
+
     /// Whether the calls are complete (generation should stop).
     pub fn is_done(&self) -> bool {
         match self {
@@ -143,6 +153,9 @@ fn envelope(parsed: Vec<Parsed>) -> Vec<ToolEvent> {
                 out.push(ToolEvent::Args(arguments));
                 out.push(ToolEvent::End);
             }
+            Parsed::Start { name } => out.push(ToolEvent::Start { name }),
+            Parsed::Args(a) => out.push(ToolEvent::Args(a)),
+            Parsed::End => out.push(ToolEvent::End),
         }
     }
     out
@@ -229,7 +242,14 @@ mod tests {
                     name: "get_weather".into()
                 }
             );
-            assert_eq!(args(ev), "{\"city\":\"Rome\"}");
+            let v: serde_json::Value = serde_json::from_str(&args(ev)).expect("arguments JSON");
+            assert_eq!(v, serde_json::json!({"city": "Rome"}));
+            // The arguments stream: several pieces before the call ends.
+            let pieces = ev
+                .iter()
+                .filter(|e| matches!(e, ToolEvent::Args(_)))
+                .count();
+            assert!(pieces > 1, "{ev:?}");
         }
         assert!(
             matches!(dsml.last(), Some(ToolEvent::Block { raw }) if raw.starts_with("\n\n<｜DSML｜tool_calls>"))
