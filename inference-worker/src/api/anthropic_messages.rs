@@ -279,11 +279,7 @@ pub async fn count_tokens(
         ))
     }
     .await;
-    state.count("count_tokens", &r);
-    match r {
-        Ok(reply) => reply.into_response(),
-        Err(e) => e.anthropic(),
-    }
+    state.respond("count_tokens", r, ApiError::anthropic)
 }
 
 pub async fn handle(
@@ -291,11 +287,7 @@ pub async fn handle(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = inner(state.clone(), body).await;
-    state.count(SURFACE, &r);
-    match r {
-        Ok(reply) => reply.into_response(),
-        Err(e) => e.anthropic(),
-    }
+    state.respond(SURFACE, r, ApiError::anthropic)
 }
 
 async fn inner(

@@ -139,6 +139,21 @@ impl AppState {
         body.map_err(|r| ApiError::from_rejection(r, self.max_body_bytes))
     }
 
+    /// Count the request's outcome for `surface` and turn it into the
+    /// response; `envelope` renders an error in the surface's own shape.
+    fn respond(
+        &self,
+        surface: &str,
+        r: Result<Reply, ApiError>,
+        envelope: fn(ApiError) -> Response,
+    ) -> Response {
+        self.count(surface, &r);
+        match r {
+            Ok(reply) => reply.into_response(),
+            Err(e) => envelope(e),
+        }
+    }
+
     /// Count a request that ended in a JSON answer or error.
     fn count(&self, surface: &str, r: &Result<Reply, ApiError>) {
         let m = self.engine.metrics();

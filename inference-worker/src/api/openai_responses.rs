@@ -240,11 +240,7 @@ pub async fn handle(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = inner(state.clone(), body).await;
-    state.count(SURFACE, &r);
-    match r {
-        Ok(reply) => reply.into_response(),
-        Err(e) => e.into_response(),
-    }
+    state.respond(SURFACE, r, IntoResponse::into_response)
 }
 
 async fn inner(
