@@ -568,7 +568,7 @@ impl Shape for MessagesStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::run::testing::{drive, envelope_run, failing_run, thinking_run};
+    use crate::api::run::testing::{drive, envelope_run, events, failing_run, thinking_run};
 
     fn shape() -> MessagesStream {
         MessagesStream {
@@ -578,17 +578,6 @@ mod tests {
             index: 0,
             open: None,
         }
-    }
-
-    fn events(frames: &[Frame]) -> Vec<(&'static str, Value)> {
-        frames
-            .iter()
-            .map(|f| {
-                let v: Value = serde_json::from_str(&f.data).unwrap();
-                assert_eq!(v["type"].as_str(), f.event);
-                (f.event.unwrap(), v)
-            })
-            .collect()
     }
 
     #[tokio::test]

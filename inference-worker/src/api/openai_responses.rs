@@ -765,7 +765,7 @@ impl Shape for ResponsesStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::run::testing::{drive, envelope_run, thinking_run};
+    use crate::api::run::testing::{drive, envelope_run, events, thinking_run};
     use ds4_model::prompt::deepseek4::Thinking;
 
     fn shape() -> ResponsesStream {
@@ -787,17 +787,6 @@ mod tests {
             output: Vec::new(),
             open: None,
         }
-    }
-
-    fn events(frames: &[Frame]) -> Vec<(&'static str, Value)> {
-        frames
-            .iter()
-            .map(|f| {
-                let v: Value = serde_json::from_str(&f.data).unwrap();
-                assert_eq!(v["type"].as_str(), f.event);
-                (f.event.unwrap(), v)
-            })
-            .collect()
     }
 
     #[tokio::test]

@@ -592,6 +592,20 @@ pub(crate) mod testing {
     }
 
     /// Every frame `shape` produces for `run`.
+    /// `(event name, data)` of SSE frames whose data carries its own
+    /// `type` (Anthropic Messages and OpenAI Responses events), checking
+    /// that the two agree.
+    pub fn events(frames: &[Frame]) -> Vec<(&'static str, serde_json::Value)> {
+        frames
+            .iter()
+            .map(|f| {
+                let v: serde_json::Value = serde_json::from_str(&f.data).unwrap();
+                assert_eq!(v["type"].as_str(), f.event);
+                (f.event.unwrap(), v)
+            })
+            .collect()
+    }
+
     pub async fn drive(mut run: Run, mut shape: impl Shape) -> Vec<Frame> {
         let mut out = shape.start();
         loop {
