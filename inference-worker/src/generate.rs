@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::time::Instant;
 
 use ds4_kernels::Backend;
-use ds4_model::tokenizer::StreamDecoder;
+use ds4_model::tokenizer::{StreamDecoder, Tokenizer};
 use ds4_model::{Logits, ModelError, Sequence};
 
 use crate::runtime::LoadedModel;
@@ -22,6 +22,8 @@ pub struct GenerateRequest {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
+    /// Keep generating through the model's stop tokens (benchmarks).
+    pub ignore_eos: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,7 +165,7 @@ pub fn generate_stream<B: Backend>(
         .take_while(|(a, b)| a == b)
         .count();
     let reuse = shared.min(prompt.len() - 1);
-    seq.truncate(be, reuse);
+    seq.truncate(reuse);
     let mut logits = Vec::new();
     for chunk in prompt[reuse..].chunks(PREFILL_CHUNK) {
         logits = lm.model.forward(be, seq, chunk, Logits::Last)?;
@@ -174,32 +176,91 @@ pub fn generate_stream<B: Backend>(
         ..Default::default()
     };
 
-    let mut sampler = Sampler::new(req.sampling.clone());
-    let mut stops = StopMatcher::new(req.stop.clone());
-    let mut decoder = StreamDecoder::new(&lm.prompter.tokenizer);
-    let stop_tokens = lm.prompter.tokenizer.stop_tokens();
-    let mut out = Generation {
-        tokens: Vec::new(),
-        text: String::new(),
-        finish: FinishReason::Length,
-        stop_string: None,
-        timings: Timings::default(),
-    };
+    let mut dec = Decoding::new(&lm.prompter.tokenizer, req, opts);
     let mut t_decode = None;
     loop {
-        let token = sampler.sample(&logits);
+        let room = seq.tokens().len() + 1 < seq.ctx();
+        let next = dec.step(&logits, room, on_step);
         if t_decode.is_none() {
             timings.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
             t_decode = Some(Instant::now());
         }
-        if stop_tokens.contains(&token) {
+        let Next::Feed(token) = next else { break };
+        logits = lm.model.forward(be, seq, &[token], Logits::Last)?;
+    }
+    timings.decode_ms = t_decode.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+    Ok(dec.finish(timings, on_step))
+}
+
+/// What to do after a sampled token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Run this token and sample again from its logits.
+    Feed(u32),
+    /// The generation is over ([`Decoding::finish`] gives the result).
+    Finished,
+}
+
+/// The token-by-token half of a generation, independent of how logits are
+/// computed: sampling, stop tokens and strings, the token limit, streamed
+/// text. The engine keeps one per live sequence.
+pub struct Decoding<'t> {
+    sampler: Sampler,
+    stops: StopMatcher,
+    decoder: StreamDecoder<'t>,
+    stop_tokens: &'t [u32],
+    logprobs: Option<usize>,
+    max_tokens: usize,
+    out: Generation,
+}
+
+impl<'t> Decoding<'t> {
+    pub fn new(tokenizer: &'t Tokenizer, req: &GenerateRequest, opts: StreamOptions) -> Self {
+        Decoding {
+            sampler: Sampler::new(req.sampling.clone()),
+            stops: StopMatcher::new(req.stop.clone()),
+            decoder: StreamDecoder::new(tokenizer),
+            stop_tokens: if req.ignore_eos {
+                &[]
+            } else {
+                tokenizer.stop_tokens()
+            },
+            logprobs: opts.logprobs,
+            max_tokens: req.max_tokens,
+            out: Generation {
+                tokens: Vec::new(),
+                text: String::new(),
+                finish: FinishReason::Length,
+                stop_string: None,
+                timings: Timings::default(),
+            },
+        }
+    }
+
+    /// Tokens sampled so far (the stop token excluded).
+    pub fn tokens(&self) -> &[u32] {
+        &self.out.tokens
+    }
+
+    /// Sample from `logits` and report the token through `on_step`; `room`
+    /// says whether the context can take the sampled token and produce
+    /// another one. `on_step` returning `Break` cancels.
+    pub fn step(
+        &mut self,
+        logits: &[f32],
+        room: bool,
+        on_step: &mut dyn FnMut(&TokenStep<'_>) -> ControlFlow<()>,
+    ) -> Next {
+        let out = &mut self.out;
+        let token = self.sampler.sample(logits);
+        if self.stop_tokens.contains(&token) {
             out.finish = FinishReason::Stop;
-            break;
+            return Next::Finished;
         }
         out.tokens.push(token);
-        let lp = opts.logprobs.map(|k| token_logprobs(&logits, token, k));
-        let piece = decoder.push(token);
-        match stops.push(&piece) {
+        let lp = self.logprobs.map(|k| token_logprobs(logits, token, k));
+        let piece = self.decoder.push(token);
+        match self.stops.push(&piece) {
             StopEvent::Text(t) => {
                 out.text.push_str(&t);
                 let step = TokenStep {
@@ -209,7 +270,7 @@ pub fn generate_stream<B: Backend>(
                 };
                 if on_step(&step).is_break() {
                     out.finish = FinishReason::Cancelled;
-                    break;
+                    return Next::Finished;
                 }
             }
             StopEvent::Stopped { text, stop } => {
@@ -221,32 +282,47 @@ pub fn generate_stream<B: Backend>(
                     logprobs: lp,
                 });
                 out.finish = FinishReason::Stop;
-                break;
+                return Next::Finished;
             }
         }
-        if out.tokens.len() >= req.max_tokens || seq.tokens().len() + 1 >= seq.ctx() {
+        if out.tokens.len() >= self.max_tokens || !room {
             out.finish = FinishReason::Length;
-            break;
+            return Next::Finished;
         }
-        logits = lm.model.forward(be, seq, &[token], Logits::Last)?;
+        Next::Feed(token)
     }
-    if out.finish != FinishReason::Stop {
-        let rest = decoder.finish() + &stops.finish();
-        if !rest.is_empty() {
-            out.text.push_str(&rest);
-            if let Some(&token) = out.tokens.last() {
-                let _ = on_step(&TokenStep {
-                    token,
-                    text: &rest,
-                    logprobs: None,
-                });
+
+    /// Mark the generation cancelled (its client went away).
+    pub fn cancel(&mut self) {
+        self.out.finish = FinishReason::Cancelled;
+    }
+
+    /// The finished generation: text held back (an incomplete character,
+    /// a possible stop string) is flushed as a last step unless a stop
+    /// ended it; `timings` gets the generated token count.
+    pub fn finish(
+        mut self,
+        mut timings: Timings,
+        on_step: &mut dyn FnMut(&TokenStep<'_>) -> ControlFlow<()>,
+    ) -> Generation {
+        let out = &mut self.out;
+        if out.finish != FinishReason::Stop {
+            let rest = self.decoder.finish() + &self.stops.finish();
+            if !rest.is_empty() {
+                out.text.push_str(&rest);
+                if let Some(&token) = out.tokens.last() {
+                    let _ = on_step(&TokenStep {
+                        token,
+                        text: &rest,
+                        logprobs: None,
+                    });
+                }
             }
         }
+        timings.generated_tokens = out.tokens.len() + usize::from(out.finish == FinishReason::Stop);
+        out.timings = timings;
+        self.out
     }
-    timings.generated_tokens = out.tokens.len() + usize::from(out.finish == FinishReason::Stop);
-    timings.decode_ms = t_decode.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
-    out.timings = timings;
-    Ok(out)
 }
 
 /// Log-softmax of `logits` at `token`, plus the `k` most likely tokens.

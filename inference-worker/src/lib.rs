@@ -10,6 +10,7 @@
 //! - [`weights`]: weights imported from the weight owner, or placed standalone.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod engine;
 pub mod generate;

@@ -29,6 +29,8 @@ pub struct Metrics {
     pub active_sequences: Gauge,
     pub kv_tokens_used: Gauge,
     pub kv_tokens_capacity: Gauge,
+    pub kv_blocks_used: Gauge,
+    pub kv_blocks_cached: Gauge,
     /// All requests counted by [`Metrics::request`] (families cannot be
     /// summed without iterating them).
     requests_total: AtomicU64,
@@ -57,6 +59,8 @@ impl Metrics {
             active_sequences: Gauge::default(),
             kv_tokens_used: Gauge::default(),
             kv_tokens_capacity: Gauge::default(),
+            kv_blocks_used: Gauge::default(),
+            kv_blocks_cached: Gauge::default(),
             registry: Registry::default(),
             requests_total: AtomicU64::new(0),
         };
@@ -126,6 +130,16 @@ impl Metrics {
             "Tokens the KV cache can hold",
             m.kv_tokens_capacity.clone(),
         );
+        r.register(
+            "kv_blocks_used",
+            "KV blocks held by running sequences",
+            m.kv_blocks_used.clone(),
+        );
+        r.register(
+            "kv_blocks_cached",
+            "Idle KV blocks kept for prefix reuse",
+            m.kv_blocks_cached.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -168,6 +182,8 @@ impl Metrics {
             active_sequences: self.active_sequences.get(),
             kv_tokens_used: self.kv_tokens_used.get(),
             kv_tokens_capacity: self.kv_tokens_capacity.get(),
+            kv_blocks_used: self.kv_blocks_used.get(),
+            kv_blocks_cached: self.kv_blocks_cached.get(),
         }
     }
 }
@@ -182,6 +198,8 @@ pub struct Snapshot {
     pub cancelled: u64,
     pub decode_tokens_per_s: f64,
     pub queue_depth: i64,
+    pub kv_blocks_used: i64,
+    pub kv_blocks_cached: i64,
     pub active_sequences: i64,
     pub kv_tokens_used: i64,
     pub kv_tokens_capacity: i64,

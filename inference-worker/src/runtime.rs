@@ -85,6 +85,9 @@ pub struct LoadedModel<B: Backend> {
     pub path: PathBuf,
     /// Seconds spent opening, validating and binding.
     pub load_seconds: f64,
+    /// What a saved KV state is valid for: the tensor layout and a sample
+    /// of every tensor's bytes (so a fine-tune of the same layout differs).
+    pub kv_identity: String,
 }
 
 /// Where a model's weight bytes come from.
@@ -155,6 +158,7 @@ impl<B: Backend> LoadedModel<B> {
                 })?
             }
         };
+        let kv_identity = kv_identity(file, &bytes);
         let model = Model::load_with(file, &backend, |t| {
             bytes
                 .get(&t.name)
@@ -188,8 +192,33 @@ impl<B: Backend> LoadedModel<B> {
             model_id,
             path: path.to_path_buf(),
             load_seconds: t0.elapsed().as_secs_f64(),
+            kv_identity,
         })
     }
+}
+
+/// The model identity saved KV state is checked against: the layout
+/// identity plus a hash of the first and last 4 KiB of every tensor.
+fn kv_identity(
+    file: &GgufFile,
+    bytes: &std::collections::HashMap<String, ds4_kernels::HostBytes>,
+) -> String {
+    use sha2::{Digest, Sha256};
+    const SAMPLE: usize = 4096;
+    let mut h = Sha256::new();
+    for t in file.tensors() {
+        h.update(t.name.as_bytes());
+        if let Some(b) = bytes.get(&t.name) {
+            let b = b.as_slice();
+            h.update(&b[..b.len().min(SAMPLE)]);
+            h.update(&b[b.len().saturating_sub(SAMPLE)..]);
+        }
+    }
+    let sampled: String = h.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}+{sampled}", crate::weights::layout_identity(file))
 }
 
 /// The model id derived from a file name: the resolved file's stem

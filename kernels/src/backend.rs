@@ -124,6 +124,64 @@ pub struct AttentionConfig {
     pub scale: f32,
 }
 
+/// Geometry of a paged KV pool: `n_blocks` blocks, each holding the keys
+/// and values of `block_size` consecutive positions of one sequence for
+/// every layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvPoolConfig {
+    pub n_layer: usize,
+    /// Values per token for keys (and for values): `n_head_kv * head_dim`.
+    pub kv_dim: usize,
+    pub block_size: usize,
+    pub n_blocks: usize,
+}
+
+/// How a KV pool stores values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDtype {
+    F16,
+    F32,
+}
+
+impl KvDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F16 => "f16",
+            KvDtype::F32 => "f32",
+        }
+    }
+}
+
+impl KvPoolConfig {
+    /// Bytes of one block in `dtype` (keys and values, every layer): the
+    /// size of [`Backend::kv_read_block`]'s output.
+    pub fn block_bytes(&self, dtype: KvDtype) -> usize {
+        self.n_layer * 2 * self.block_size * self.kv_dim * dtype.bytes()
+    }
+}
+
+/// One sequence's rows in a batched attention call. Position `p` of the
+/// sequence lives in pool block `blocks[p / block_size]`, slot
+/// `p % block_size`.
+#[derive(Clone, Copy, Debug)]
+pub struct KvSeq<'a> {
+    /// The sequence's block table (covers at least `pos + n_rows` positions).
+    pub blocks: &'a [u32],
+    /// First row of this sequence in `q`, `k`, `v` and `out`.
+    pub row: usize,
+    /// Rows of this sequence: positions `pos .. pos + n_rows`.
+    pub n_rows: usize,
+    /// Position of the first row (the number of positions already cached).
+    pub pos: usize,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("weight {name:?}: {problem}")]
@@ -132,6 +190,10 @@ pub enum BackendError {
     ContextFull { pos: usize, ctx: usize },
     #[error("shape mismatch in {op}: {detail}")]
     Shape { op: &'static str, detail: String },
+    #[error("out of device memory: {0}")]
+    OutOfMemory(String),
+    #[error("device error: {0}")]
+    Device(String),
 }
 
 /// The operations a family forward pass may use.
@@ -140,8 +202,8 @@ pub trait Backend: Send + Sync {
     type Tensor: Send;
     /// A bound weight.
     type Weight: Send + Sync;
-    /// Attention state of one sequence (all layers).
-    type KvCache: Send;
+    /// Paged attention state shared by every sequence (all layers).
+    type KvPool: Send;
 
     fn name(&self) -> &'static str;
 
@@ -172,13 +234,27 @@ pub trait Backend: Send + Sync {
     /// Copy row `row` of `src` into row `dst_row` of `dst`.
     fn copy_row(&self, src: &Self::Tensor, row: usize, dst: &mut Self::Tensor, dst_row: usize);
 
-    /// A KV cache for `n_layer` layers of `kv_dim` values per token for keys
-    /// and for values, holding at most `ctx` tokens.
-    fn kv_cache(&self, n_layer: usize, kv_dim: usize, ctx: usize) -> Self::KvCache;
-    /// Forget every cached position from `len` on (keeps the prefix).
-    fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize);
-    /// Number of positions the cache holds.
-    fn kv_len(&self, cache: &Self::KvCache) -> usize;
+    /// A pool of KV blocks (storage may be allocated lazily, as blocks are
+    /// first written).
+    fn kv_pool(&self, cfg: KvPoolConfig) -> Result<Self::KvPool, BackendError>;
+    /// How `pool` stores values (f16 with production numerics, f32 exact).
+    fn kv_dtype(&self, pool: &Self::KvPool) -> KvDtype;
+    /// Copy block `block` to host memory: for each layer, the keys
+    /// (`[block_size, kv_dim]`) then the values, little-endian in the pool's
+    /// dtype; `out` has [`KvPoolConfig::block_bytes`] bytes.
+    fn kv_read_block(
+        &self,
+        pool: &Self::KvPool,
+        block: u32,
+        out: &mut [u8],
+    ) -> Result<(), BackendError>;
+    /// Fill block `block` from bytes laid out as [`Backend::kv_read_block`] writes them.
+    fn kv_write_block(
+        &self,
+        pool: &mut Self::KvPool,
+        block: u32,
+        data: &[u8],
+    ) -> Result<(), BackendError>;
 
     /// `out[i] = table[ids[i]]` (rows of an embedding matrix, dequantized).
     fn embed(
@@ -198,17 +274,19 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), BackendError>;
     /// Rotate each head of every row in place; row `r` is at `positions[r]`.
     fn rope(&self, x: &mut Self::Tensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig);
-    /// Append `k`, `v` rows at `positions` to layer `layer` of `cache`, then
-    /// causal attention of the `q` rows over the cache into `out`.
+    /// For each sequence of `seqs`: store its `k`, `v` rows at its positions
+    /// in layer `layer` of `pool`, then causal attention of its `q` rows
+    /// over its positions `0 ..= pos + r` into `out`. Sequences must not
+    /// share the blocks they write.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         q: &Self::Tensor,
         k: &Self::Tensor,
         v: &Self::Tensor,
-        cache: &mut Self::KvCache,
+        pool: &mut Self::KvPool,
         layer: usize,
-        positions: &[u32],
+        seqs: &[KvSeq<'_>],
         cfg: &AttentionConfig,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;

@@ -9,9 +9,12 @@
 
 pub mod backend;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod quant;
 
 pub use backend::{
-    AttentionConfig, Backend, BackendError, HostBytes, Numerics, RopeConfig, RopeMode, WeightSource,
+    AttentionConfig, Backend, BackendError, HostBytes, KvDtype, KvPoolConfig, KvSeq, Numerics,
+    RopeConfig, RopeMode, WeightSource,
 };
 pub use cpu::CpuBackend;

@@ -7,4 +7,4 @@ pub mod gguf;
 pub mod prompt;
 pub mod tokenizer;
 
-pub use families::{Family, Logits, Model, ModelError, ModelInfo, Sequence};
+pub use families::{Family, KvLayout, Logits, Model, ModelError, ModelInfo, PagedInput, Sequence};

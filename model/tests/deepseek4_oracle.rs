@@ -153,7 +153,7 @@ fn compare(ours: &[f32], n_vocab: usize, r: &Reference, argmax_margin: f64) -> D
 }
 
 fn run(m: &Model<CpuBackend>, be: &CpuBackend, tokens: &[u32], decode: bool) -> Vec<f32> {
-    let mut seq = m.new_sequence(be, tokens.len());
+    let mut seq = m.new_sequence(be, tokens.len()).expect("sequence");
     if decode {
         tokens
             .iter()
@@ -165,7 +165,7 @@ fn run(m: &Model<CpuBackend>, be: &CpuBackend, tokens: &[u32], decode: bool) -> 
 }
 
 fn run_chunked(m: &Model<CpuBackend>, be: &CpuBackend, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut seq = m.new_sequence(be, tokens.len());
+    let mut seq = m.new_sequence(be, tokens.len()).expect("sequence");
     tokens
         .chunks(chunk)
         .flat_map(|c| m.forward(be, &mut seq, c, Logits::All).unwrap())
@@ -254,9 +254,9 @@ fn truncation_recomputes_the_kept_prefix() {
     let (m, be) = load(A.gguf, Numerics::Exact);
     let r = reference(A.f32_64);
     let t = &r.tokens;
-    let mut seq = m.new_sequence(&be, 64);
+    let mut seq = m.new_sequence(&be, 64).expect("sequence");
     let direct = m.forward(&be, &mut seq, t, Logits::Last).unwrap();
-    seq.truncate(&be, 21);
+    seq.truncate(21);
     assert_eq!(seq.tokens(), &t[..21]);
     let again = m.forward(&be, &mut seq, &t[21..], Logits::Last).unwrap();
     assert_eq!(direct, again);

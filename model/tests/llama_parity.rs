@@ -75,7 +75,7 @@ fn smollm2_matches_llamacpp() {
 
     // First generated position: the leading ranks in llama.cpp's order, and
     // every one of llama.cpp's top-5 logits within tolerance.
-    let mut seq = model.new_sequence(&backend, 512);
+    let mut seq = model.new_sequence(&backend, 512).expect("sequence");
     let logits = model
         .forward(&backend, &mut seq, &prompt_ids, Logits::Last)
         .expect("prefill");
@@ -126,11 +126,11 @@ fn batched_prefill_equals_token_by_token() {
     let backend = CpuBackend::new();
     let model = Model::load(&file, &backend).expect("load model");
     let prompt = ids(&r["token_ids"]);
-    let mut a = model.new_sequence(&backend, 64);
+    let mut a = model.new_sequence(&backend, 64).expect("sequence");
     let batched = model
         .forward(&backend, &mut a, &prompt, Logits::All)
         .expect("batched");
-    let mut b = model.new_sequence(&backend, 64);
+    let mut b = model.new_sequence(&backend, 64).expect("sequence");
     let n_vocab = model.info().n_vocab;
     for (i, &t) in prompt.iter().enumerate() {
         let step = model
@@ -155,7 +155,7 @@ fn context_overflow_is_an_error_and_keeps_the_sequence() {
     let file = GgufFile::open(&common::model_path()).expect("open model");
     let backend = CpuBackend::new();
     let model = Model::load(&file, &backend).expect("load model");
-    let mut seq = model.new_sequence(&backend, 4);
+    let mut seq = model.new_sequence(&backend, 4).expect("sequence");
     model
         .forward(&backend, &mut seq, &[1, 2, 3], Logits::Last)
         .expect("fits");
@@ -185,7 +185,7 @@ fn exact_numerics_match_float64_reference() {
     let model = Model::load(&file, &backend).expect("load model");
     let prompt = ids(&r["token_ids"]);
     let probe = ids(&r["probe_ids"]);
-    let mut seq = model.new_sequence(&backend, 64);
+    let mut seq = model.new_sequence(&backend, 64).expect("sequence");
     let logits = model
         .forward(&backend, &mut seq, &prompt, Logits::All)
         .expect("forward");
@@ -239,7 +239,7 @@ fn production_numerics_stay_near_float64_reference() {
     let backend = CpuBackend::new();
     let model = Model::load(&file, &backend).expect("load model");
     let prompt = ids(&r["token_ids"]);
-    let mut seq = model.new_sequence(&backend, 64);
+    let mut seq = model.new_sequence(&backend, 64).expect("sequence");
     let logits = model
         .forward(&backend, &mut seq, &prompt, Logits::All)
         .expect("forward");

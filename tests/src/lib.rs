@@ -94,16 +94,40 @@ impl Server {
     /// Start `ds4-server` on `model` with extra arguments and wait until
     /// `/health` answers.
     pub fn start_model(model: &std::path::Path, extra: &[&str]) -> Server {
+        Server::start_logged(model, extra, None)
+    }
+
+    /// Like [`Server::start_model`], with the server's log (at `info`)
+    /// appended to `log` when given.
+    pub fn start_logged(
+        model: &std::path::Path,
+        extra: &[&str],
+        log: Option<&std::path::Path>,
+    ) -> Server {
         let port = free_port();
+        let (level, stderr) = match log {
+            Some(path) => (
+                "info",
+                Stdio::from(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)
+                        .expect("open server log"),
+                ),
+            ),
+            None => ("warn", Stdio::inherit()),
+        };
         let child = Command::new(binary("ds4-server"))
             .arg("-m")
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", level)
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn ds4-server");
         let mut server = Server { child, port };
@@ -123,6 +147,15 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Stop the server the way an operator does (SIGTERM) and wait for it
+    /// to exit; returns whether it exited successfully.
+    pub fn terminate(&mut self) -> bool {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.child.wait().expect("wait").success()
     }
 
     /// Whether the process is still running.

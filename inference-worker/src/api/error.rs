@@ -25,8 +25,13 @@ pub enum ApiError {
     ContextLength { prompt: usize, ctx: usize },
     #[error("request body is larger than the {limit}-byte limit")]
     TooLarge { limit: usize },
-    #[error("{0}")]
-    Busy(String),
+    /// Retryable: the queue is full (`queue`) or the memory budget is
+    /// reserved by running requests (`memory`).
+    #[error("{message}")]
+    Busy {
+        message: String,
+        reason: &'static str,
+    },
     #[error("no route for {0}")]
     NotFound(String),
     #[error("missing or wrong API key: send Authorization: Bearer KEY or x-api-key: KEY")]
@@ -90,7 +95,7 @@ impl ApiError {
                 None,
                 None,
             ),
-            ApiError::Busy(_) => (
+            ApiError::Busy { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_overloaded",
                 None,
@@ -128,7 +133,7 @@ impl ApiError {
             ApiError::UnknownModel(_) => "unknown_model",
             ApiError::ContextLength { .. } => "context_length",
             ApiError::TooLarge { .. } => "body_too_large",
-            ApiError::Busy(_) => "busy",
+            ApiError::Busy { reason, .. } => reason,
             ApiError::NotFound(_) => "not_found",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Internal(_) => "internal",
@@ -155,7 +160,7 @@ impl ApiError {
             ApiError::BadRequest { .. } | ApiError::ContextLength { .. } => "invalid_request_error",
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => "not_found_error",
             ApiError::TooLarge { .. } => "request_too_large",
-            ApiError::Busy(_) => "overloaded_error",
+            ApiError::Busy { .. } => "overloaded_error",
             ApiError::Unauthorized => "authentication_error",
             ApiError::Internal(_) => "api_error",
         };
@@ -228,7 +233,14 @@ impl IntoResponse for ApiError {
 impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> ApiError {
         match e {
-            SubmitError::Busy(_) => ApiError::Busy(e.to_string()),
+            SubmitError::Busy(_) => ApiError::Busy {
+                message: e.to_string(),
+                reason: "busy_queue",
+            },
+            SubmitError::NoMemory(_) => ApiError::Busy {
+                message: e.to_string(),
+                reason: "busy_memory",
+            },
             SubmitError::Stopped => ApiError::Internal(e.to_string()),
         }
     }

@@ -381,7 +381,8 @@ fn finish_reason(f: &Finish) -> &'static str {
     }
 }
 
-fn usage(f: &Finish) -> Usage {
+/// OpenAI usage (Chat and Completions), cached prompt tokens included.
+pub(super) fn usage(f: &Finish) -> Usage {
     Usage {
         prompt_tokens: f.prompt_tokens(),
         completion_tokens: f.completion_tokens(),
@@ -460,7 +461,7 @@ struct TopLogprob {
 }
 
 #[derive(Serialize)]
-struct Usage {
+pub(super) struct Usage {
     prompt_tokens: usize,
     completion_tokens: usize,
     total_tokens: usize,

@@ -10,6 +10,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::error::parse_json;
+use super::openai_chat::{usage, Usage};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{stop_list, ApiError, AppState, Reply, SamplingFields, Stop};
 use crate::generate::{FinishReason, TokenLogprobs};
@@ -196,14 +197,6 @@ fn finish_reason(f: &Finish) -> &'static str {
     }
 }
 
-fn usage(f: &Finish) -> Usage {
-    Usage {
-        prompt_tokens: f.prompt_tokens(),
-        completion_tokens: f.completion_tokens(),
-        total_tokens: f.prompt_tokens() + f.completion_tokens(),
-    }
-}
-
 /// The Completions log-probability shape; offsets start at `offset`.
 fn legacy_logprobs(
     p: &Prompter,
@@ -259,13 +252,6 @@ struct LegacyLogprobs {
     token_logprobs: Vec<f32>,
     top_logprobs: Vec<std::collections::BTreeMap<String, f32>>,
     text_offset: Vec<usize>,
-}
-
-#[derive(Serialize)]
-struct Usage {
-    prompt_tokens: usize,
-    completion_tokens: usize,
-    total_tokens: usize,
 }
 
 struct CompletionStream {

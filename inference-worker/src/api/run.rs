@@ -165,6 +165,7 @@ pub fn start(state: &AppState, job: Job) -> Result<Run, ApiError> {
         max_tokens,
         sampling: job.sampling,
         stop: job.stop,
+        ignore_eos: false,
     };
     let rx = state.engine.submit(
         req,

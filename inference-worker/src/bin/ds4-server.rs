@@ -46,6 +46,29 @@ struct Cli {
     /// Largest request body accepted, in MiB.
     #[arg(long, env = "DS4_MAX_BODY_MB", default_value_t = 32)]
     max_body_mb: usize,
+    /// Sequences generated at once (continuous batching); more requests wait.
+    #[arg(long, env = "DS4_MAX_SEQS", default_value_t = 16)]
+    max_seqs: usize,
+    /// Tokens per engine step: one per running sequence plus prompt chunks.
+    #[arg(long, env = "DS4_BATCH_TOKENS", default_value_t = 512)]
+    batch_tokens: usize,
+    /// Largest piece of one prompt run per step (a multiple of 16).
+    #[arg(long, env = "DS4_PREFILL_CHUNK", default_value_t = 512)]
+    prefill_chunk: usize,
+    /// Memory for the KV cache, activation scratch and buffers, in GiB
+    /// (fractions allowed). Default: half of the memory available at start,
+    /// at most what --max-seqs full contexts need. Requests that do not fit
+    /// get HTTP 503 with Retry-After.
+    #[arg(long, env = "DS4_KV_MEMORY_GB")]
+    kv_memory_gb: Option<f64>,
+    /// Directory of the disk KV cache: long prompt prefixes are saved there
+    /// (after long prefills, on eviction and at shutdown) and restored
+    /// instead of recomputed, also after a restart.
+    #[arg(long, env = "DS4_KV_DISK_DIR")]
+    kv_disk_dir: Option<std::path::PathBuf>,
+    /// Size limit of the disk KV cache in MiB (oldest files are evicted).
+    #[arg(long, env = "DS4_KV_DISK_SPACE_MB", default_value_t = 4096)]
+    kv_disk_space_mb: u64,
     #[command(flatten)]
     weights: WeightsArgs,
 }
@@ -85,7 +108,20 @@ fn main() -> anyhow::Result<()> {
     );
     let prompter = lm.prompter.clone();
     let model_id = lm.model_id.clone();
-    let handle = engine::spawn(lm, ctx, Arc::new(Metrics::new()));
+    let cfg = engine::EngineConfig {
+        ctx,
+        max_seqs: cli.max_seqs,
+        batch_tokens: cli.batch_tokens,
+        prefill_chunk: cli.prefill_chunk,
+        memory_bytes: cli.kv_memory_gb.map(|g| (g * (1u64 << 30) as f64) as u64),
+        disk: cli
+            .kv_disk_dir
+            .clone()
+            .map(|d| (d, cli.kv_disk_space_mb << 20)),
+        ..engine::EngineConfig::default()
+    };
+    let engine = engine::spawn(lm, cfg, Arc::new(Metrics::new()))?;
+    let handle = engine.handle.clone();
     let opts = ServerOptions {
         api_key: cli.api_key.clone().filter(|k| !k.is_empty()),
         cors: cli.cors,
@@ -105,9 +141,12 @@ fn main() -> anyhow::Result<()> {
         axum::serve(listener, router(state))
             .with_graceful_shutdown(shutdown_signal())
             .await?;
-        tracing::info!("shut down");
         anyhow::Ok(())
     })?;
+    // Requests are done: let the engine checkpoint and stop.
+    drop(rt);
+    engine.shutdown();
+    tracing::info!("shut down");
     drop(weights);
     Ok(())
 }

@@ -131,7 +131,7 @@ fn eval_tokens(
         .with_context(|| format!("opening {}", cli.model.model.display()))?;
     let model = Model::load(&file, &backend)?;
     let n_vocab = model.info().n_vocab;
-    let mut seq = model.new_sequence(&backend, tokens.len().max(cli.ctx));
+    let mut seq = model.new_sequence(&backend, tokens.len().max(cli.ctx))?;
     let logits = if cli.decode {
         let mut all = Vec::with_capacity(tokens.len() * n_vocab);
         for &t in &tokens {
@@ -238,7 +238,7 @@ fn one_shot(
         });
         lm.prompter.chat_prompt(&messages)?.1
     };
-    let mut seq = lm.model.new_sequence(&lm.backend, cli.ctx);
+    let mut seq = lm.model.new_sequence(&lm.backend, cli.ctx)?;
     if let Some(path) = &cli.dump_logits {
         let logits = lm
             .model
@@ -260,6 +260,7 @@ fn one_shot(
         max_tokens: cli.n_predict,
         sampling,
         stop: Vec::new(),
+        ignore_eos: false,
     };
     let g = run(lm, &mut seq, &req)?;
     println!();
@@ -300,7 +301,7 @@ fn chat(cli: &Cli, lm: &LoadedModel<CpuBackend>, sampling: SamplingParams) -> an
     }
     eprintln!("ds4 chat with {} (Ctrl-D or /exit to quit)", lm.model_id);
     let mut messages = system_messages(cli);
-    let mut seq = lm.model.new_sequence(&lm.backend, cli.ctx);
+    let mut seq = lm.model.new_sequence(&lm.backend, cli.ctx)?;
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");
@@ -326,6 +327,7 @@ fn chat(cli: &Cli, lm: &LoadedModel<CpuBackend>, sampling: SamplingParams) -> an
             max_tokens,
             sampling: sampling.clone(),
             stop: Vec::new(),
+            ignore_eos: false,
         };
         match run(lm, &mut seq, &req) {
             Ok(g) => {

@@ -1,28 +1,75 @@
-//! The engine: one thread owns the model and its sequence state; request
-//! handlers talk to it over a bounded channel and get a stream of
+//! The engine: one thread owns the model, its KV pool and every running
+//! sequence, and runs them with continuous batching (see [`scheduler`]).
+//! Request handlers talk to it over a channel and get a stream of
 //! [`Event`]s back (one per sampled token, then the finished
-//! [`Generation`] or an error). Requests run one at a time in arrival order
-//! (continuous batching replaces this loop later); the last conversation's
-//! KV state is kept, so a client that resends a growing conversation only
-//! pays for the new tokens. A request whose receiver is dropped (the client
-//! went away) stops at its next token.
+//! [`Generation`] or an error). A request is admitted against the memory
+//! [`ledger`] when it is submitted, so a refusal comes before any response
+//! is sent; a request whose receiver is dropped (the client went away)
+//! stops at its next step.
+//!
+//! Files: [`blocks`] (block pool bookkeeping and the prefix index),
+//! [`ledger`] (memory budget and admission), [`disk`] (disk KV cache),
+//! [`scheduler`] (the loop).
 
-use std::ops::ControlFlow;
-use std::sync::Arc;
+pub mod blocks;
+pub mod disk;
+pub mod ledger;
+mod scheduler;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
+use std::time::Instant;
 
-use ds4_kernels::Backend;
+use ds4_kernels::{Backend, KvPoolConfig};
 use tokio::sync::mpsc;
 
-use crate::generate::{
-    generate_stream, FinishReason, GenerateError, GenerateRequest, Generation, StreamOptions,
-    TokenLogprobs,
-};
+use crate::generate::{GenerateError, GenerateRequest, Generation, StreamOptions, TokenLogprobs};
 use crate::metrics::Metrics;
 use crate::runtime::LoadedModel;
+use blocks::BlockManager;
+use disk::{DiskCache, DiskKey};
+use ledger::{Ledger, LedgerError, LedgerView, Refusal};
+pub use scheduler::{checkpoint_len, DISK_MIN_TOKENS, DISK_TRIM_TOKENS};
 
-/// Requests allowed to wait for the engine before new ones are refused.
-pub const QUEUE_DEPTH: usize = 64;
+/// Requests allowed to wait for a sequence slot before new ones are refused.
+pub const QUEUE_DEPTH: usize = 256;
+
+/// How the engine batches, caches and budgets.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Tokens per request (prompt plus completion).
+    pub ctx: usize,
+    /// Sequences running at once.
+    pub max_seqs: usize,
+    /// Tokens per step (decode rows plus prompt chunks).
+    pub batch_tokens: usize,
+    /// Largest piece of one prompt per step.
+    pub prefill_chunk: usize,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// Memory budget for KV blocks, scratch and buffers, in bytes; `None`:
+    /// half of the memory available now, at most what `max_seqs` full
+    /// contexts need.
+    pub memory_bytes: Option<u64>,
+    /// Disk KV cache directory and byte budget.
+    pub disk: Option<(PathBuf, u64)>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            ctx: 4096,
+            max_seqs: 16,
+            batch_tokens: 512,
+            prefill_chunk: 512,
+            block_size: 16,
+            memory_bytes: None,
+            disk: None,
+        }
+    }
+}
 
 /// What the engine reports about one request, in order: any number of
 /// `Token`s, then exactly one of `Done` or `Failed`.
@@ -42,6 +89,15 @@ struct Job {
     req: GenerateRequest,
     opts: StreamOptions,
     events: mpsc::UnboundedSender<Event>,
+    /// KV blocks reserved in the ledger for this request.
+    reserved: usize,
+    submitted: Instant,
+}
+
+enum Msg {
+    Job(Job),
+    /// Finish the admitted requests, checkpoint, stop.
+    Shutdown,
 }
 
 /// Why a request did not reach the engine.
@@ -49,39 +105,77 @@ struct Job {
 pub enum SubmitError {
     #[error("the server is busy: {0} requests are already waiting")]
     Busy(usize),
+    #[error(transparent)]
+    NoMemory(#[from] Refusal),
     #[error("the engine has stopped")]
     Stopped,
+}
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("KV pool: {0}")]
+    Pool(#[from] ds4_model::ModelError),
+    #[error("disk KV cache: {0}")]
+    Disk(#[from] disk::DiskError),
+    #[error("invalid engine settings: {0}")]
+    Settings(String),
 }
 
 /// A cloneable handle to the engine thread.
 #[derive(Clone)]
 pub struct EngineHandle {
-    tx: mpsc::Sender<Job>,
+    tx: mpsc::UnboundedSender<Msg>,
+    waiting: Arc<AtomicUsize>,
+    ledger: Arc<Mutex<Ledger>>,
     metrics: Arc<Metrics>,
+    ctx: usize,
 }
 
 impl EngineHandle {
-    /// Queue a request; the receiver yields its events. Dropping the
-    /// receiver cancels the request at its next token.
+    /// Queue a request after reserving its KV blocks; the receiver yields
+    /// its events. Dropping the receiver cancels the request.
     pub fn submit(
         &self,
         req: GenerateRequest,
         opts: StreamOptions,
     ) -> Result<mpsc::UnboundedReceiver<Event>, SubmitError> {
+        if self.waiting.load(Ordering::Relaxed) >= QUEUE_DEPTH {
+            return Err(SubmitError::Busy(QUEUE_DEPTH));
+        }
+        let tokens = (req.prompt.len() + req.max_tokens).min(self.ctx);
+        let reserved = {
+            let mut ledger = self.ledger.lock().expect("ledger");
+            let blocks = ledger.blocks_for(tokens);
+            ledger.reserve(blocks)?;
+            blocks
+        };
         let (events, rx) = mpsc::unbounded_channel();
-        self.tx
-            .try_send(Job { req, opts, events })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => SubmitError::Busy(QUEUE_DEPTH),
-                mpsc::error::TrySendError::Closed(_) => SubmitError::Stopped,
-            })?;
-        self.metrics.queue_depth.set(self.queue_depth() as i64);
+        let job = Job {
+            req,
+            opts,
+            events,
+            reserved,
+            submitted: Instant::now(),
+        };
+        if self.tx.send(Msg::Job(job)).is_err() {
+            self.ledger.lock().expect("ledger").release(reserved);
+            return Err(SubmitError::Stopped);
+        }
+        self.waiting.fetch_add(1, Ordering::Relaxed);
         Ok(rx)
     }
 
-    /// Requests waiting.
+    /// Requests waiting for a sequence slot.
     pub fn queue_depth(&self) -> usize {
-        QUEUE_DEPTH - self.tx.capacity()
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Where the memory budget goes.
+    pub fn ledger(&self) -> LedgerView {
+        self.ledger.lock().expect("ledger").view()
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -89,92 +183,147 @@ impl EngineHandle {
     }
 }
 
-/// Start the engine thread over `lm`, with sequences of `ctx` tokens.
-pub fn spawn<B: Backend + 'static>(
-    lm: LoadedModel<B>,
-    ctx: usize,
-    metrics: Arc<Metrics>,
-) -> EngineHandle
-where
-    B::KvCache: 'static,
-    B::Weight: 'static,
-{
-    let (tx, mut rx) = mpsc::channel::<Job>(QUEUE_DEPTH);
-    let handle = EngineHandle {
-        tx,
-        metrics: metrics.clone(),
-    };
-    // A weak view of the queue for its depth: dropping every handle must
-    // still stop the thread.
-    let depth_tx = handle.tx.downgrade();
-    metrics.kv_tokens_capacity.set(ctx as i64);
-    thread::Builder::new()
-        .name("ds4-engine".into())
-        .spawn(move || {
-            let mut seq = lm.model.new_sequence(&lm.backend, ctx);
-            while let Some(job) = rx.blocking_recv() {
-                if let Some(tx) = depth_tx.upgrade() {
-                    metrics
-                        .queue_depth
-                        .set((QUEUE_DEPTH - tx.capacity()) as i64);
-                }
-                if job.events.is_closed() {
-                    metrics.cancelled.inc();
-                    continue;
-                }
-                metrics.active_sequences.set(1);
-                let events = &job.events;
-                let mut on_step = |s: &crate::generate::TokenStep<'_>| {
-                    let ev = Event::Token {
-                        token: s.token,
-                        text: s.text.to_string(),
-                        logprobs: s.logprobs.clone(),
-                    };
-                    if events.send(ev).is_err() {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(())
-                    }
-                };
-                let result = generate_stream(&lm, &mut seq, &job.req, job.opts, &mut on_step);
-                metrics.active_sequences.set(0);
-                metrics.kv_tokens_used.set(seq.tokens().len() as i64);
-                let event = match result {
-                    Ok(g) => {
-                        record(&metrics, &g);
-                        Event::Done(g)
-                    }
-                    Err(e) => Event::Failed(e),
-                };
-                let _ = job.events.send(event);
-            }
-            tracing::info!("engine stopped");
-        })
-        .expect("spawn engine thread");
-    handle
+/// The engine thread, to stop cleanly.
+pub struct Engine {
+    pub handle: EngineHandle,
+    thread: thread::JoinHandle<()>,
 }
 
-fn record(m: &Metrics, g: &Generation) {
-    let t = &g.timings;
+impl Engine {
+    /// Finish the admitted requests, write cached prefixes to the disk
+    /// cache, and wait for the thread to end.
+    pub fn shutdown(self) {
+        let _ = self.handle.tx.send(Msg::Shutdown);
+        drop(self.handle);
+        let _ = self.thread.join();
+    }
+}
+
+/// Bytes of memory available to new allocations, from /proc/meminfo.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Start the engine thread over `lm`.
+pub fn spawn<B: Backend + 'static>(
+    lm: LoadedModel<B>,
+    cfg: EngineConfig,
+    metrics: Arc<Metrics>,
+) -> Result<Engine, EngineError>
+where
+    B::KvPool: 'static,
+    B::Weight: 'static,
+{
+    if cfg.block_size == 0 || cfg.max_seqs == 0 || cfg.batch_tokens == 0 {
+        return Err(EngineError::Settings(
+            "block size, --max-seqs and --batch-tokens must be at least 1".into(),
+        ));
+    }
+    if cfg.prefill_chunk == 0 || !cfg.prefill_chunk.is_multiple_of(cfg.block_size) {
+        return Err(EngineError::Settings(format!(
+            "--prefill-chunk must be a positive multiple of the KV block size ({})",
+            cfg.block_size
+        )));
+    }
+    let layout = lm.model.kv_layout();
+    let block_bytes = match layout {
+        Some(l) => {
+            let probe = lm.model.kv_pool(&lm.backend, cfg.block_size, 1)?;
+            let dtype = lm.backend.kv_dtype(&probe);
+            KvPoolConfig {
+                n_layer: l.n_layer,
+                kv_dim: l.kv_dim,
+                block_size: cfg.block_size,
+                n_blocks: 1,
+            }
+            .block_bytes(dtype) as u64
+        }
+        None => (lm.model.state_bytes_per_token() * cfg.block_size) as u64,
+    };
+    let scratch = lm.model.scratch_bytes(cfg.batch_tokens, cfg.max_seqs) as u64;
+    let disk_buffer = if cfg.disk.is_some() { block_bytes } else { 0 };
+    let fixed = scratch + disk_buffer;
+    let budget = cfg.memory_bytes.unwrap_or_else(|| {
+        let want = fixed + (cfg.max_seqs * cfg.ctx.div_ceil(cfg.block_size)) as u64 * block_bytes;
+        available_memory().map_or(want, |a| want.min(a / 2))
+    });
+    let ledger = Ledger::new(
+        budget,
+        scratch,
+        disk_buffer,
+        block_bytes,
+        cfg.block_size,
+        cfg.ctx,
+    )?;
+    let view = ledger.view();
+    let kv = match layout {
+        Some(l) => {
+            let pool = lm
+                .model
+                .kv_pool(&lm.backend, cfg.block_size, view.kv_blocks)?;
+            let disk = match &cfg.disk {
+                Some((dir, bytes)) => {
+                    let dtype = lm.backend.kv_dtype(&pool);
+                    let key = DiskKey {
+                        model: lm.kv_identity.clone(),
+                        block_size: cfg.block_size,
+                        n_layer: l.n_layer,
+                        kv_dim: l.kv_dim,
+                        dtype: dtype.name().into(),
+                    };
+                    Some(DiskCache::open(dir, *bytes, key)?)
+                }
+                None => None,
+            };
+            Some(scheduler::PagedKv {
+                pool,
+                blocks: BlockManager::new(view.kv_blocks, cfg.block_size),
+                disk,
+            })
+        }
+        None => {
+            if cfg.disk.is_some() {
+                tracing::warn!(
+                    family = lm.model.info().family.name(),
+                    "the disk KV cache holds paged KV blocks; this family's state is not paged, so it is off"
+                );
+            }
+            None
+        }
+    };
     tracing::info!(
-        prompt_tokens = t.prompt_tokens,
-        cached_tokens = t.cached_tokens,
-        tokens = g.tokens.len(),
-        finish = ?g.finish,
-        prefill_tps = format!("{:.1}", t.prefill_tps()),
-        decode_tps = format!("{:.1}", t.decode_tps()),
-        "request done"
+        budget_mb = view.budget_bytes >> 20,
+        scratch_mb = view.scratch_bytes >> 20,
+        kv_blocks = view.kv_blocks,
+        kv_tokens = view.kv_blocks * cfg.block_size,
+        block_kb = view.kv_block_bytes >> 10,
+        max_seqs = cfg.max_seqs,
+        batch_tokens = cfg.batch_tokens,
+        paged = kv.is_some(),
+        "KV memory planned"
     );
-    m.prompt_tokens.inc_by(t.prompt_tokens as u64);
-    m.cached_tokens.inc_by(t.cached_tokens as u64);
-    m.generated_tokens.inc_by(t.generated_tokens as u64);
-    if g.finish == FinishReason::Cancelled {
-        m.cancelled.inc();
-    }
-    m.ttft.observe(t.ttft_ms() / 1e3);
-    if t.generated_tokens > 1 {
-        m.token_latency
-            .observe(t.decode_ms / 1e3 / (t.generated_tokens - 1) as f64);
-        m.decode_tps.set(t.decode_tps());
-    }
+    metrics
+        .kv_tokens_capacity
+        .set((view.kv_blocks * cfg.block_size) as i64);
+    let ledger = Arc::new(Mutex::new(ledger));
+    let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let handle = EngineHandle {
+        tx,
+        waiting: waiting.clone(),
+        ledger: ledger.clone(),
+        metrics: metrics.clone(),
+        ctx: cfg.ctx,
+    };
+    let thread = thread::Builder::new()
+        .name("ds4-engine".into())
+        .spawn(move || {
+            let sched = scheduler::Scheduler::new(&lm, cfg, metrics, ledger, kv, waiting);
+            sched.run(&mut rx);
+        })
+        .expect("spawn engine thread");
+    Ok(Engine { handle, thread })
 }

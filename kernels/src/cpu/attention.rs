@@ -1,105 +1,194 @@
-//! Causal multi-head attention with grouped KV heads over a per-sequence
-//! KV cache (one contiguous buffer per layer, grown as tokens arrive).
+//! Causal multi-head attention with grouped KV heads over a paged KV pool.
 //!
-//! With production numerics, cached K and V values are rounded to f16 on
-//! write, the precision of llama.cpp's default F16 cache, so the reference
-//! backend computes what the fast paths compute; with exact numerics they
-//! are kept as computed. Either way they are stored as f32 for clarity.
+//! The pool holds fixed-size blocks; each block keeps `block_size`
+//! consecutive positions of one sequence for every layer, laid out as the
+//! serialized form of [`crate::Backend::kv_read_block`]: for each layer the
+//! keys `[block_size, kv_dim]`, then the values. A sequence reaches its
+//! positions through its block table. Storage is allocated when a block is
+//! first written.
+//!
+//! With production numerics values are stored as f16, the precision of
+//! llama.cpp's default F16 cache, so the reference backend computes what
+//! the fast paths compute; with exact numerics they are kept as f32.
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::elementwise::dot_f32;
 use super::CpuTensor;
-use crate::backend::{AttentionConfig, BackendError};
+use crate::backend::{AttentionConfig, BackendError, KvDtype, KvPoolConfig, KvSeq};
 
-/// K and V rows of one sequence for every layer.
-#[derive(Clone, Debug)]
-pub struct CpuKvCache {
-    kv_dim: usize,
-    ctx: usize,
-    /// Round stored values to f16.
-    round_f16: bool,
-    /// Positions filled, per layer.
-    lens: Vec<usize>,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+/// Blocks of every sequence, for every layer.
+#[derive(Debug)]
+pub struct CpuKvPool {
+    cfg: KvPoolConfig,
+    storage: Storage,
 }
 
-impl CpuKvCache {
-    pub fn new(n_layer: usize, kv_dim: usize, ctx: usize, round_f16: bool) -> CpuKvCache {
-        CpuKvCache {
-            kv_dim,
-            ctx,
-            round_f16,
-            lens: vec![0; n_layer],
-            k: vec![Vec::new(); n_layer],
-            v: vec![Vec::new(); n_layer],
+#[derive(Debug)]
+enum Storage {
+    F16(Vec<Option<Box<[f16]>>>),
+    F32(Vec<Option<Box<[f32]>>>),
+}
+
+impl CpuKvPool {
+    pub fn new(cfg: KvPoolConfig, dtype: KvDtype) -> CpuKvPool {
+        let storage = match dtype {
+            KvDtype::F16 => Storage::F16((0..cfg.n_blocks).map(|_| None).collect()),
+            KvDtype::F32 => Storage::F32((0..cfg.n_blocks).map(|_| None).collect()),
+        };
+        CpuKvPool { cfg, storage }
+    }
+
+    pub fn config(&self) -> KvPoolConfig {
+        self.cfg
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        match self.storage {
+            Storage::F16(_) => KvDtype::F16,
+            Storage::F32(_) => KvDtype::F32,
         }
     }
 
-    /// Positions held by every layer.
-    pub fn len(&self) -> usize {
-        self.lens.iter().copied().min().unwrap_or(0)
+    /// Values per block.
+    fn block_len(&self) -> usize {
+        self.cfg.n_layer * 2 * self.cfg.block_size * self.cfg.kv_dim
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Offset of `(layer, keys or values, slot)` inside a block.
+    fn offset(&self, layer: usize, values: bool, slot: usize) -> usize {
+        ((layer * 2 + usize::from(values)) * self.cfg.block_size + slot) * self.cfg.kv_dim
     }
 
-    pub fn truncate(&mut self, len: usize) {
-        for l in 0..self.lens.len() {
-            self.lens[l] = self.lens[l].min(len);
-            self.k[l].truncate(self.lens[l] * self.kv_dim);
-            self.v[l].truncate(self.lens[l] * self.kv_dim);
+    fn check_block(&self, block: u32) -> Result<usize, BackendError> {
+        let b = block as usize;
+        if b >= self.cfg.n_blocks {
+            return Err(BackendError::Shape {
+                op: "kv pool",
+                detail: format!("block {b} of a pool of {}", self.cfg.n_blocks),
+            });
         }
+        Ok(b)
     }
 
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|b| b.len() * 4).sum()
+    /// Serialize block `block` (zeros if it was never written).
+    pub fn read_block(&self, block: u32, out: &mut [u8]) -> Result<(), BackendError> {
+        let b = self.check_block(block)?;
+        let want = self.cfg.block_bytes(self.dtype());
+        if out.len() != want {
+            return Err(BackendError::Shape {
+                op: "kv_read_block",
+                detail: format!("{} bytes for a block of {want}", out.len()),
+            });
+        }
+        match &self.storage {
+            Storage::F16(blocks) => match &blocks[b] {
+                Some(data) => {
+                    for (dst, v) in out.chunks_exact_mut(2).zip(data.iter()) {
+                        dst.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                None => out.fill(0),
+            },
+            Storage::F32(blocks) => match &blocks[b] {
+                Some(data) => {
+                    for (dst, v) in out.chunks_exact_mut(4).zip(data.iter()) {
+                        dst.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                None => out.fill(0),
+            },
+        }
+        Ok(())
     }
 
-    fn write(
+    /// Fill block `block` from its serialized form.
+    pub fn write_block(&mut self, block: u32, data: &[u8]) -> Result<(), BackendError> {
+        let b = self.check_block(block)?;
+        let want = self.cfg.block_bytes(self.dtype());
+        if data.len() != want {
+            return Err(BackendError::Shape {
+                op: "kv_write_block",
+                detail: format!("{} bytes for a block of {want}", data.len()),
+            });
+        }
+        let n = self.block_len();
+        match &mut self.storage {
+            Storage::F16(blocks) => {
+                let dst = blocks[b].get_or_insert_with(|| vec![f16::ZERO; n].into());
+                for (d, s) in dst.iter_mut().zip(data.chunks_exact(2)) {
+                    *d = f16::from_le_bytes([s[0], s[1]]);
+                }
+            }
+            Storage::F32(blocks) => {
+                let dst = blocks[b].get_or_insert_with(|| vec![0.0; n].into());
+                for (d, s) in dst.iter_mut().zip(data.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Store the key and value rows of position `pos` of a sequence.
+    fn store(
         &mut self,
         layer: usize,
+        blocks: &[u32],
         pos: usize,
         k: &[f32],
         v: &[f32],
     ) -> Result<(), BackendError> {
-        if pos >= self.ctx {
-            return Err(BackendError::ContextFull { pos, ctx: self.ctx });
+        let bs = self.cfg.block_size;
+        let block = *blocks.get(pos / bs).ok_or_else(|| BackendError::Shape {
+            op: "attention",
+            detail: format!(
+                "position {pos} is past the {} blocks of the sequence",
+                blocks.len()
+            ),
+        })?;
+        let b = self.check_block(block)?;
+        let (ko, vo) = (
+            self.offset(layer, false, pos % bs),
+            self.offset(layer, true, pos % bs),
+        );
+        let (n, d) = (self.block_len(), self.cfg.kv_dim);
+        match &mut self.storage {
+            Storage::F16(blocks) => {
+                let dst = blocks[b].get_or_insert_with(|| vec![f16::ZERO; n].into());
+                dst[ko..ko + d].convert_from_f32_slice(k);
+                dst[vo..vo + d].convert_from_f32_slice(v);
+            }
+            Storage::F32(blocks) => {
+                let dst = blocks[b].get_or_insert_with(|| vec![0.0; n].into());
+                dst[ko..ko + d].copy_from_slice(k);
+                dst[vo..vo + d].copy_from_slice(v);
+            }
         }
-        if pos > self.lens[layer] {
-            return Err(BackendError::Shape {
-                op: "attention",
-                detail: format!(
-                    "position {pos} skips ahead of the {} cached positions",
-                    self.lens[layer]
-                ),
-            });
-        }
-        let d = self.kv_dim;
-        let end = (pos + 1) * d;
-        if self.k[layer].len() < end {
-            self.k[layer].resize(end, 0.0);
-            self.v[layer].resize(end, 0.0);
-        }
-        if self.round_f16 {
-            store_f16(&mut self.k[layer][pos * d..end], k);
-            store_f16(&mut self.v[layer][pos * d..end], v);
-        } else {
-            self.k[layer][pos * d..end].copy_from_slice(k);
-            self.v[layer][pos * d..end].copy_from_slice(v);
-        }
-        self.lens[layer] = self.lens[layer].max(pos + 1);
         Ok(())
+    }
+
+    /// Copy `len` values at `offset` of block `block` into `dst` as f32.
+    fn load(&self, block: u32, offset: usize, dst: &mut [f32]) {
+        match &self.storage {
+            Storage::F16(blocks) => match &blocks[block as usize] {
+                Some(b) => b[offset..offset + dst.len()].convert_to_f32_slice(dst),
+                None => dst.fill(0.0),
+            },
+            Storage::F32(blocks) => match &blocks[block as usize] {
+                Some(b) => dst.copy_from_slice(&b[offset..offset + dst.len()]),
+                None => dst.fill(0.0),
+            },
+        }
     }
 }
 
-/// Copy `src` into `dst`, rounding every value to the nearest f16.
-fn store_f16(dst: &mut [f32], src: &[f32]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = half::f16::from_f32(s).to_f32();
+fn shape_error(detail: String) -> BackendError {
+    BackendError::Shape {
+        op: "attention",
+        detail,
     }
 }
 
@@ -108,9 +197,9 @@ pub fn attention(
     q: &CpuTensor,
     k: &CpuTensor,
     v: &CpuTensor,
-    cache: &mut CpuKvCache,
+    pool: &mut CpuKvPool,
     layer: usize,
-    positions: &[u32],
+    seqs: &[KvSeq<'_>],
     cfg: &AttentionConfig,
     out: &mut CpuTensor,
 ) -> Result<(), BackendError> {
@@ -119,8 +208,8 @@ pub fn attention(
     let shape_ok = q.cols == cfg.n_head * hd
         && k.cols == kv_dim
         && v.cols == kv_dim
-        && cache.kv_dim == kv_dim
-        && q.rows == positions.len()
+        && pool.cfg.kv_dim == kv_dim
+        && layer < pool.cfg.n_layer
         && k.rows == q.rows
         && v.rows == q.rows
         && out.rows == q.rows
@@ -128,45 +217,76 @@ pub fn attention(
         && cfg.n_head_kv > 0
         && cfg.n_head.is_multiple_of(cfg.n_head_kv);
     if !shape_ok {
-        return Err(BackendError::Shape {
-            op: "attention",
-            detail: format!(
-                "q [{}, {}], k [{}, {}], v [{}, {}], out [{}, {}], {} positions, {cfg:?}, cache kv_dim {}",
-                q.rows, q.cols, k.rows, k.cols, v.rows, v.cols, out.rows, out.cols, positions.len(), cache.kv_dim
-            ),
-        });
+        return Err(shape_error(format!(
+            "q [{}, {}], k [{}, {}], v [{}, {}], out [{}, {}], layer {layer}, {cfg:?}, pool {:?}",
+            q.rows, q.cols, k.rows, k.cols, v.rows, v.cols, out.rows, out.cols, pool.cfg
+        )));
     }
-    for (r, &pos) in positions.iter().enumerate() {
-        cache.write(layer, pos as usize, k.row(r), v.row(r))?;
+    // Which sequence (and position) every row belongs to.
+    let mut row_seq: Vec<Option<(usize, usize)>> = vec![None; q.rows];
+    for (s, seq) in seqs.iter().enumerate() {
+        let end = seq.row.checked_add(seq.n_rows).filter(|&e| e <= q.rows);
+        let end = end
+            .ok_or_else(|| shape_error(format!("rows {}+{} of {}", seq.row, seq.n_rows, q.rows)))?;
+        for (i, slot) in row_seq[seq.row..end].iter_mut().enumerate() {
+            if slot.replace((s, seq.pos + i)).is_some() {
+                return Err(shape_error(format!(
+                    "row {} belongs to two sequences",
+                    seq.row + i
+                )));
+            }
+        }
+    }
+    for seq in seqs {
+        for i in 0..seq.n_rows {
+            let r = seq.row + i;
+            pool.store(layer, seq.blocks, seq.pos + i, k.row(r), v.row(r))?;
+        }
     }
     let group = cfg.n_head / cfg.n_head_kv;
-    let (kc, vc) = (&cache.k[layer], &cache.v[layer]);
+    let bs = pool.cfg.block_size;
+    let pool = &*pool;
     out.data
-        .par_chunks_mut(hd)
+        .par_chunks_mut(group * hd)
         .enumerate()
         .for_each(|(idx, dst)| {
-            let (r, h) = (idx / cfg.n_head, idx % cfg.n_head);
-            let kvh = h / group;
-            let qh = &q.data[r * q.cols + h * hd..r * q.cols + (h + 1) * hd];
-            let n = positions[r] as usize + 1;
-            let mut scores: Vec<f32> = (0..n)
-                .map(|t| {
-                    let kt = &kc[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
-                    dot_f32(qh, kt) * cfg.scale
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0f32;
-            for s in &mut scores {
-                *s = (*s - max).exp();
-                sum += *s;
+            let (r, kvh) = (idx / cfg.n_head_kv, idx % cfg.n_head_kv);
+            let Some((s, pos)) = row_seq[r] else {
+                // A row outside every sequence attends to nothing.
+                dst.fill(0.0);
+                return;
+            };
+            let blocks = seqs[s].blocks;
+            let n = pos + 1;
+            // This KV head's keys and values for positions 0..n, as f32.
+            let mut keys = vec![0.0f32; n * hd];
+            let mut vals = vec![0.0f32; n * hd];
+            for t in 0..n {
+                let (block, slot) = (blocks[t / bs], t % bs);
+                let kofs = pool.offset(layer, false, slot) + kvh * hd;
+                let vofs = pool.offset(layer, true, slot) + kvh * hd;
+                pool.load(block, kofs, &mut keys[t * hd..(t + 1) * hd]);
+                pool.load(block, vofs, &mut vals[t * hd..(t + 1) * hd]);
             }
-            dst.fill(0.0);
-            for (t, &p) in scores.iter().enumerate() {
-                let vt = &vc[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
-                let w = p / sum;
-                for (d, &x) in dst.iter_mut().zip(vt) {
-                    *d += w * x;
+            let mut scores = vec![0.0f32; n];
+            for (g, dst) in dst.chunks_exact_mut(hd).enumerate() {
+                let h = kvh * group + g;
+                let qh = &q.data[r * q.cols + h * hd..r * q.cols + (h + 1) * hd];
+                for (t, s) in scores.iter_mut().enumerate() {
+                    *s = dot_f32(qh, &keys[t * hd..(t + 1) * hd]) * cfg.scale;
+                }
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0f32;
+                for s in &mut scores {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                dst.fill(0.0);
+                for (t, &p) in scores.iter().enumerate() {
+                    let w = p / sum;
+                    for (d, &x) in dst.iter_mut().zip(&vals[t * hd..(t + 1) * hd]) {
+                        *d += w * x;
+                    }
                 }
             }
         });

@@ -13,11 +13,12 @@ mod rope;
 pub mod sampling;
 
 use crate::backend::{
-    AttentionConfig, Backend, BackendError, HostBytes, Numerics, RopeConfig, WeightSource,
+    AttentionConfig, Backend, BackendError, HostBytes, KvDtype, KvPoolConfig, KvSeq, Numerics,
+    RopeConfig, WeightSource,
 };
 use crate::quant::{self, GgmlType};
 
-pub use attention::CpuKvCache;
+pub use attention::CpuKvPool;
 
 /// Row-major `[rows, cols]` activations in host memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,7 +90,7 @@ impl CpuBackend {
 impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
-    type KvCache = CpuKvCache;
+    type KvPool = CpuKvPool;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -178,16 +179,34 @@ impl Backend for CpuBackend {
         dst.data[dst_row * c..(dst_row + 1) * c].copy_from_slice(src.row(row));
     }
 
-    fn kv_cache(&self, n_layer: usize, kv_dim: usize, ctx: usize) -> CpuKvCache {
-        CpuKvCache::new(n_layer, kv_dim, ctx, self.numerics == Numerics::Production)
+    fn kv_pool(&self, cfg: KvPoolConfig) -> Result<CpuKvPool, BackendError> {
+        let dtype = match self.numerics {
+            Numerics::Production => KvDtype::F16,
+            Numerics::Exact => KvDtype::F32,
+        };
+        Ok(CpuKvPool::new(cfg, dtype))
     }
 
-    fn kv_truncate(&self, cache: &mut CpuKvCache, len: usize) {
-        cache.truncate(len);
+    fn kv_dtype(&self, pool: &CpuKvPool) -> KvDtype {
+        pool.dtype()
     }
 
-    fn kv_len(&self, cache: &CpuKvCache) -> usize {
-        cache.len()
+    fn kv_read_block(
+        &self,
+        pool: &CpuKvPool,
+        block: u32,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
+        pool.read_block(block, out)
+    }
+
+    fn kv_write_block(
+        &self,
+        pool: &mut CpuKvPool,
+        block: u32,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        pool.write_block(block, data)
     }
 
     fn embed(
@@ -224,13 +243,13 @@ impl Backend for CpuBackend {
         q: &CpuTensor,
         k: &CpuTensor,
         v: &CpuTensor,
-        cache: &mut CpuKvCache,
+        pool: &mut CpuKvPool,
         layer: usize,
-        positions: &[u32],
+        seqs: &[KvSeq<'_>],
         cfg: &AttentionConfig,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        attention::attention(q, k, v, cache, layer, positions, cfg, out)
+        attention::attention(q, k, v, pool, layer, seqs, cfg, out)
     }
 
     fn swiglu(&self, gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) {

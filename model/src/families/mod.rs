@@ -10,7 +10,7 @@ mod contract;
 pub mod deepseek4;
 pub mod llama;
 
-use ds4_kernels::{Backend, BackendError, HostBytes, WeightSource};
+use ds4_kernels::{Backend, BackendError, HostBytes, KvPoolConfig, WeightSource};
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 pub use contract::{check_inventory, ExpectedTensor};
@@ -99,6 +99,8 @@ pub enum ModelError {
     ContextFull { needed: usize, ctx: usize },
     #[error("tensor {name:?}: {problem}")]
     WeightBytes { name: String, problem: String },
+    #[error("{family} models keep per-sequence state that is not paged")]
+    NotPaged { family: &'static str },
 }
 
 /// The family a file belongs to, from `general.architecture`.
@@ -199,6 +201,31 @@ pub enum Logits {
     All,
 }
 
+/// One sequence's part of a batched forward pass over a paged KV pool.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedInput<'a> {
+    /// Tokens to run, at positions `pos ..`.
+    pub tokens: &'a [u32],
+    /// Positions already cached for this sequence.
+    pub pos: usize,
+    /// The sequence's block table (covers `pos + tokens.len()` positions).
+    pub blocks: &'a [u32],
+    /// Which logits to return for this input, if any.
+    pub logits: Option<Logits>,
+}
+
+/// Shape of a family's per-token attention state when it is a plain
+/// key/value row per layer (and can live in a paged KV pool).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub n_layer: usize,
+    /// Values per token of each layer's keys (and of its values).
+    pub kv_dim: usize,
+}
+
+/// Positions per KV block of a standalone [`Sequence`].
+pub const SEQUENCE_KV_BLOCK: usize = 16;
+
 /// What the serving layer needs to know about a loaded model.
 #[derive(Clone, Debug)]
 pub struct ModelInfo {
@@ -217,8 +244,8 @@ enum FamilyModel<B: Backend> {
 
 /// Family-specific per-sequence state.
 enum SequenceState<B: Backend> {
-    /// A backend KV cache (attention over every past position).
-    Kv(B::KvCache),
+    /// A private KV pool whose blocks, in order, are the sequence's.
+    Paged { pool: B::KvPool, blocks: Vec<u32> },
     /// DeepSeek V4's window, compressed rows and compressor frontiers.
     DeepSeek4(deepseek4::Ds4State),
 }
@@ -251,9 +278,10 @@ impl<B: Backend> Sequence<B> {
     /// DeepSeek V4's compressor frontiers cannot be rewound: when `len` is
     /// shorter than the held tokens, the state is dropped and the next
     /// forward pass recomputes the kept prefix first.
-    pub fn truncate(&mut self, backend: &B, len: usize) {
+    pub fn truncate(&mut self, len: usize) {
         match &mut self.state {
-            SequenceState::Kv(cache) => backend.kv_truncate(cache, len),
+            // Positions past `len` are overwritten when they are next run.
+            SequenceState::Paged { .. } => {}
             SequenceState::DeepSeek4(st) => {
                 if len < st.n_tokens {
                     st.reset();
@@ -348,17 +376,120 @@ impl<B: Backend> Model<B> {
         }
     }
 
+    /// The paged KV shape of this model; `None` for families whose state
+    /// is not a plain per-token key/value row (DeepSeek V4's compressed
+    /// rows and compressor frontiers live in a per-sequence state).
+    pub fn kv_layout(&self) -> Option<KvLayout> {
+        match &self.inner {
+            FamilyModel::Llama(m) => Some(KvLayout {
+                n_layer: m.hparams().n_layer,
+                kv_dim: m.kv_dim(),
+            }),
+            FamilyModel::DeepSeek4(_) => None,
+        }
+    }
+
+    /// Bytes of per-sequence state per token, for families whose state is
+    /// not paged (an estimate for the memory ledger: DeepSeek V4 keeps its
+    /// compressed rows as f32, one per ratio positions of each layer, plus
+    /// a bounded window).
+    pub fn state_bytes_per_token(&self) -> usize {
+        match &self.inner {
+            FamilyModel::Llama(m) => m.hparams().n_layer * 2 * m.kv_dim() * 2,
+            FamilyModel::DeepSeek4(m) => {
+                let h = m.hparams();
+                // Compressed rows (ratio 4 layers dominate) plus indexer rows.
+                h.n_layer * (h.head_dim + h.idx_dim) * 4 / 4 + 1
+            }
+        }
+    }
+
+    /// Activation scratch of one forward pass over `rows` tokens returning
+    /// `logit_rows` rows of logits, in bytes (an upper estimate).
+    pub fn scratch_bytes(&self, rows: usize, logit_rows: usize) -> usize {
+        let per_row = match &self.inner {
+            FamilyModel::Llama(m) => {
+                let h = m.hparams();
+                let q = h.n_head * h.head_dim;
+                // x, norm, proj; q, att; k, v; gate, up, act; and the
+                // quantized copy of the widest input.
+                (3 * h.n_embd + 2 * q + 2 * m.kv_dim() + 3 * h.n_ff) * 4 + h.n_ff.max(h.n_embd)
+            }
+            FamilyModel::DeepSeek4(m) => {
+                let h = m.hparams();
+                // Four hyper-connection streams and the expert activations.
+                (16 * h.n_embd + 4 * h.n_ff + h.n_head * h.head_dim * 2) * 4
+            }
+        };
+        rows * per_row + logit_rows * self.info.n_vocab * 4 * 2
+    }
+
+    /// A KV pool of `n_blocks` blocks of `block_size` positions for this
+    /// model (families with a [`KvLayout`] only).
+    pub fn kv_pool(
+        &self,
+        backend: &B,
+        block_size: usize,
+        n_blocks: usize,
+    ) -> Result<B::KvPool, ModelError> {
+        let layout = self.kv_layout().ok_or(ModelError::NotPaged {
+            family: self.info.family.name(),
+        })?;
+        Ok(backend.kv_pool(KvPoolConfig {
+            n_layer: layout.n_layer,
+            kv_dim: layout.kv_dim,
+            block_size,
+            n_blocks,
+        })?)
+    }
+
+    /// One forward pass over several sequences of a paged pool: every
+    /// projection is one batched op over all their rows. Returns, per
+    /// input, the logits it asked for (empty when none).
+    pub fn forward_paged(
+        &self,
+        backend: &B,
+        pool: &mut B::KvPool,
+        batch: &[PagedInput<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        for input in batch {
+            if input
+                .tokens
+                .iter()
+                .any(|&t| t as usize >= self.info.n_vocab)
+            {
+                let token = *input.tokens.iter().max().expect("not empty");
+                return Err(ModelError::BadToken {
+                    token,
+                    n_vocab: self.info.n_vocab,
+                });
+            }
+        }
+        match &self.inner {
+            FamilyModel::Llama(m) => backend.run(|| m.forward(backend, pool, batch)),
+            FamilyModel::DeepSeek4(_) => Err(ModelError::NotPaged {
+                family: self.info.family.name(),
+            }),
+        }
+    }
+
     /// A fresh sequence holding at most `ctx` tokens.
-    pub fn new_sequence(&self, backend: &B, ctx: usize) -> Sequence<B> {
+    pub fn new_sequence(&self, backend: &B, ctx: usize) -> Result<Sequence<B>, ModelError> {
         let state = match &self.inner {
-            FamilyModel::Llama(m) => SequenceState::Kv(m.kv_cache(backend, ctx)),
+            FamilyModel::Llama(_) => {
+                let n_blocks = ctx.div_ceil(SEQUENCE_KV_BLOCK);
+                SequenceState::Paged {
+                    pool: self.kv_pool(backend, SEQUENCE_KV_BLOCK, n_blocks)?,
+                    blocks: (0..n_blocks as u32).collect(),
+                }
+            }
             FamilyModel::DeepSeek4(m) => SequenceState::DeepSeek4(m.new_state()),
         };
-        Sequence {
+        Ok(Sequence {
             state,
             ctx,
             tokens: Vec::new(),
-        }
+        })
     }
 
     /// Run `tokens` after the sequence's current tokens; returns logits
@@ -378,12 +509,17 @@ impl<B: Backend> Model<B> {
                 ctx: seq.ctx,
             });
         }
-        let positions: Vec<u32> = (start..start + tokens.len()).map(|p| p as u32).collect();
         let held = &seq.tokens;
         let state = &mut seq.state;
         let result = backend.run(|| match (&self.inner, state) {
-            (FamilyModel::Llama(m), SequenceState::Kv(cache)) => {
-                m.forward(backend, cache, tokens, &positions, want)
+            (FamilyModel::Llama(m), SequenceState::Paged { pool, blocks }) => {
+                let input = PagedInput {
+                    tokens,
+                    pos: start,
+                    blocks,
+                    logits: Some(want),
+                };
+                Ok(m.forward(backend, pool, &[input])?.swap_remove(0))
             }
             (FamilyModel::DeepSeek4(m), SequenceState::DeepSeek4(st)) => {
                 if st.n_tokens != held.len() {
@@ -401,9 +537,8 @@ impl<B: Backend> Model<B> {
                 Ok(logits)
             }
             Err(e) => {
-                match &mut seq.state {
-                    SequenceState::Kv(cache) => backend.kv_truncate(cache, start),
-                    SequenceState::DeepSeek4(st) => st.reset(),
+                if let SequenceState::DeepSeek4(st) = &mut seq.state {
+                    st.reset();
                 }
                 Err(e)
             }

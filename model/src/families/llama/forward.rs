@@ -1,4 +1,6 @@
-//! The llama forward pass over the backend op interface.
+//! The llama forward pass over the backend op interface, for a batch of
+//! sequences at once: every projection is one matmul over the rows of all
+//! sequences; attention reads each sequence's own blocks of the KV pool.
 //!
 //! ```text
 //! x = embed(tokens)
@@ -10,24 +12,37 @@
 //! logits = Wout · (rms_norm(x) · output_norm)
 //! ```
 
-use ds4_kernels::{AttentionConfig, Backend};
+use ds4_kernels::{AttentionConfig, Backend, KvSeq};
 
 use super::weights::LlamaWeights;
 use super::LlamaHParams;
-use crate::families::{Logits, ModelError};
+use crate::families::{Logits, ModelError, PagedInput};
 
+/// Run every input of `batch`; returns, per input, the logits it asked for
+/// (`[1 or n_tokens, n_vocab]` row-major; empty when it asked for none).
 pub fn forward<B: Backend>(
     h: &LlamaHParams,
     w: &LlamaWeights<B>,
     be: &B,
-    cache: &mut B::KvCache,
-    tokens: &[u32],
-    positions: &[u32],
-    want: Logits,
-) -> Result<Vec<f32>, ModelError> {
+    pool: &mut B::KvPool,
+    batch: &[PagedInput<'_>],
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let mut tokens = Vec::new();
+    let mut positions = Vec::new();
+    let mut seqs = Vec::with_capacity(batch.len());
+    for input in batch {
+        seqs.push(KvSeq {
+            blocks: input.blocks,
+            row: tokens.len(),
+            n_rows: input.tokens.len(),
+            pos: input.pos,
+        });
+        tokens.extend_from_slice(input.tokens);
+        positions.extend((input.pos..input.pos + input.tokens.len()).map(|p| p as u32));
+    }
     let n = tokens.len();
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(vec![Vec::new(); batch.len()]);
     }
     let q_dim = h.n_head * h.head_dim;
     let kv_dim = h.n_head_kv * h.head_dim;
@@ -39,7 +54,7 @@ pub fn forward<B: Backend>(
     };
 
     let mut x = be.tensor(n, h.n_embd);
-    be.embed(&w.token_embd, tokens, &mut x)?;
+    be.embed(&w.token_embd, &tokens, &mut x)?;
     let mut norm = be.tensor(n, h.n_embd);
     let mut q = be.tensor(n, q_dim);
     let mut k = be.tensor(n, kv_dim);
@@ -55,9 +70,9 @@ pub fn forward<B: Backend>(
         be.matmul(&lw.wq, &norm, &mut q)?;
         be.matmul(&lw.wk, &norm, &mut k)?;
         be.matmul(&lw.wv, &norm, &mut v)?;
-        be.rope(&mut q, positions, h.head_dim, &h.rope);
-        be.rope(&mut k, positions, h.head_dim, &h.rope);
-        be.attention(&q, &k, &v, cache, layer, positions, &attn, &mut att)?;
+        be.rope(&mut q, &positions, h.head_dim, &h.rope);
+        be.rope(&mut k, &positions, h.head_dim, &h.rope);
+        be.attention(&q, &k, &v, pool, layer, &seqs, &attn, &mut att)?;
         be.matmul(&lw.wo, &att, &mut proj)?;
         be.add_assign(&mut x, &proj);
 
@@ -69,18 +84,35 @@ pub fn forward<B: Backend>(
         be.add_assign(&mut x, &proj);
     }
 
-    let rows = match want {
-        Logits::All => x,
-        Logits::Last => {
-            let mut last = be.tensor(1, h.n_embd);
-            be.copy_row(&x, n - 1, &mut last, 0);
-            last
+    // The rows whose logits were asked for, in batch order.
+    let mut wanted: Vec<(usize, usize)> = Vec::new(); // (input, row)
+    for (i, (input, seq)) in batch.iter().zip(&seqs).enumerate() {
+        match input.logits {
+            Some(Logits::All) => wanted.extend((seq.row..seq.row + seq.n_rows).map(|r| (i, r))),
+            Some(Logits::Last) if seq.n_rows > 0 => wanted.push((i, seq.row + seq.n_rows - 1)),
+            _ => {}
         }
+    }
+    let mut out = vec![Vec::new(); batch.len()];
+    if wanted.is_empty() {
+        return Ok(out);
+    }
+    let rows = if wanted.len() == n {
+        x
+    } else {
+        let mut picked = be.tensor(wanted.len(), h.n_embd);
+        for (dst, &(_, r)) in wanted.iter().enumerate() {
+            be.copy_row(&x, r, &mut picked, dst);
+        }
+        picked
     };
-    let (r, _) = be.dims(&rows);
-    let mut normed = be.tensor(r, h.n_embd);
+    let mut normed = be.tensor(wanted.len(), h.n_embd);
     be.rms_norm(&rows, &w.output_norm, h.rms_eps, &mut normed);
-    let mut logits = be.tensor(r, h.n_vocab);
+    let mut logits = be.tensor(wanted.len(), h.n_vocab);
     be.matmul(w.output(), &normed, &mut logits)?;
-    Ok(be.to_host(&logits))
+    let host = be.to_host(&logits);
+    for (row, &(i, _)) in host.chunks_exact(h.n_vocab).zip(&wanted) {
+        out[i].extend_from_slice(row);
+    }
+    Ok(out)
 }

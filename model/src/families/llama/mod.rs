@@ -16,7 +16,7 @@ mod weights;
 
 use ds4_kernels::Backend;
 
-use super::{Logits, ModelError, TensorSource};
+use super::{ModelError, PagedInput, TensorSource};
 pub use hparams::{LlamaHParams, REQUIRED_KEYS};
 use weights::LlamaWeights;
 
@@ -38,27 +38,17 @@ impl<B: Backend> LlamaModel<B> {
         &self.hparams
     }
 
-    pub fn kv_cache(&self, backend: &B, ctx: usize) -> B::KvCache {
-        let h = &self.hparams;
-        backend.kv_cache(h.n_layer, h.n_head_kv * h.head_dim, ctx)
+    /// Values per token of each layer's keys (and of its values).
+    pub fn kv_dim(&self) -> usize {
+        self.hparams.n_head_kv * self.hparams.head_dim
     }
 
     pub fn forward(
         &self,
         backend: &B,
-        cache: &mut B::KvCache,
-        tokens: &[u32],
-        positions: &[u32],
-        want: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
-        forward::forward(
-            &self.hparams,
-            &self.weights,
-            backend,
-            cache,
-            tokens,
-            positions,
-            want,
-        )
+        pool: &mut B::KvPool,
+        batch: &[PagedInput<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        forward::forward(&self.hparams, &self.weights, backend, pool, batch)
     }
 }
