@@ -17,5 +17,10 @@ export DS4_TINY_DIR
 # The end-to-end tests in tests/ start these binaries.
 cargo build --workspace --bins
 cargo test --workspace "$@"
+# The CUDA kernels compile with NVRTC for sm_90 and sm_120 (no GPU needed:
+# NVRTC 13.0 comes from PyPI into the git-ignored .cache/venv-nvrtc).
+NVRTC_DIR="$(./scripts/lib/fetch-nvrtc.sh)"
+LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DS4_REQUIRE_NVRTC=1 \
+    cargo test -p ds4-kernels --features cuda --test cuda_compile
 # The official openai/anthropic SDKs against a real ds4-server.
 DS4_SERVER_BIN="$root/target/debug/ds4-server" ./tests/python/run.sh

@@ -1,0 +1,103 @@
+// Element-wise and row-wise ops (prepended: common.cuh). Launched only by
+// kernels/src/cuda/elementwise.rs. Each op rounds like its CPU reference
+// (kernels/src/cpu/elementwise.rs, rope.rs): __f*_rn keeps the compiler
+// from contracting products and sums into FMAs.
+
+// One block per row: out = x * (1 / sqrt(mean(x^2) + eps)) * w, the sum of
+// squares in f64 like the CPU.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int cols, float eps) {
+    __shared__ double part[32];
+    const float* xr = x + (u64)blockIdx.x * cols;
+    float* o = out + (u64)blockIdx.x * cols;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        double v = (double)xr[i];
+        s += v * v;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(FULL_MASK, s, off);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) part[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x / 32;
+        s = lane < nw ? part[lane] : 0.0;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(FULL_MASK, s, off);
+        if (lane == 0) part[0] = s;
+    }
+    __syncthreads();
+    float scale = (float)(1.0 / sqrt(part[0] / (double)cols + (double)eps));
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+extern "C" __global__ void swiglu(const float* g, const float* u, float* out, u64 n) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = g[i];
+        out[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u[i]);
+    }
+}
+
+extern "C" __global__ void add_assign(float* x, const float* y, u64 n) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fadd_rn(x[i], y[i]);
+}
+
+// In-place rotary embedding; one thread per (row, head, pair).
+// mode 0: normal (pairs 2i, 2i+1); 1: neox (pairs i, i + n_rot/2).
+extern "C" __global__ void rope(float* x, const u32* pos, int rows, int cols, int head_dim, int n_rot,
+                                float freq_base, float freq_scale, int mode) {
+    int half = n_rot / 2;
+    int heads = cols / head_dim;
+    u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (u64)rows * heads * half) return;
+    int i = (int)(g % half);
+    u64 rh = g / half;
+    int h = (int)(rh % heads);
+    int r = (int)(rh / heads);
+    double inv_freq = pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
+    double theta = (double)pos[r] * (double)freq_scale * inv_freq;
+    float c = (float)cos(theta), s = (float)sin(theta);
+    float* head = x + (u64)r * cols + (u64)h * head_dim;
+    int a = mode == 0 ? 2 * i : i;
+    int b = mode == 0 ? 2 * i + 1 : i + half;
+    float x0 = head[a], x1 = head[b];
+    head[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    head[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// One block (1024 threads) per row: index of the largest value, the first
+// on ties (NaNs never win).
+extern "C" __global__ void argmax_rows(const float* x, u32* out, int cols) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float* xr = x + (u64)blockIdx.x * cols;
+    float bv = -__int_as_float(0x7f800000);
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v = xr[i];
+        if (v > bv) { bv = v; bi = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(FULL_MASK, bv, o);
+        int i2 = __shfl_xor_sync(FULL_MASK, bi, o);
+        if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x / 32;
+        bv = lane < nw ? sv[lane] : -__int_as_float(0x7f800000);
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(FULL_MASK, bv, o);
+            int i2 = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
+        }
+        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+    }
+}

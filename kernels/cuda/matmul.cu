@@ -1,0 +1,349 @@
+// Matrix multiplication out[t, r] = W[r, :] . x[t, :] over GGUF weight
+// rows (prepended: common.cuh, quant.cuh). Launched only by
+// kernels/src/cuda/matmul.rs.
+//
+// Production numerics (as the CPU reference): activations are first
+// quantized to the weight's vec_dot_type (act_q8_0 / act_q8_1 / act_q8_k
+// below, bit-identical to kernels/src/quant/activation.rs) into a split
+// layout: quants aq [n_tok, n_in] i8, block scales ad [n_tok, n_in / 32]
+// f32 (Q8_0/Q8_1: the f16-rounded d per 32; Q8_K: d per 256 in the first
+// n_in / 256 entries), Q8_1 sums as [n_tok, n_in / 32] f32 (f16-rounded),
+// Q8_K 16-value sums bs [n_tok, n_in / 16] i32. Dot products are exact in
+// integers per block (dp4a) and scaled per block with the CPU's formula;
+// only the float summation order over blocks differs from the CPU.
+//
+// Exact numerics: weight chunks dequantized in registers, f32 dots.
+//
+// Layout of the work: one warp per weight row and NT tokens (the weight
+// chunk is unpacked once and reused for all NT tokens), 32-value chunks
+// strided over the lanes; grid = (ceil(n_out / 4), ceil(n_tok / NT)),
+// 128 threads.
+
+#define MM_WARPS 4
+
+// ---- activation quantization -------------------------------------------
+
+// One warp per 32-value block; n = n_tok * n_in values, n_in % 32 == 0.
+extern "C" __global__ void act_q8_0(const float* x, i8* aq, float* ad, float* as, int n, int with_sum) {
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g - (threadIdx.x & 31) >= n) return;  // whole warp out
+    float v = g < n ? x[g] : 0.0f;
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int q = (int)roundf(v * id);
+    if (g < n) aq[g] = (i8)q;
+    int sum = warp_sum_i(q);
+    if ((threadIdx.x & 31) == 0) {
+        int blk = g / 32;
+        ad[blk] = h2f(f2h(d));
+        if (with_sum) as[blk] = h2f(f2h((float)sum * d));
+    }
+}
+
+// One 256-thread block per 256-value super-block.
+extern "C" __global__ void act_q8_k(const float* x, i8* aq, float* ad, int* bs, int n_in) {
+    __shared__ float s_abs[8];
+    __shared__ int s_idx[8];
+    __shared__ int s_best;
+    int sb = blockIdx.x;  // super-block index over all tokens
+    int tok = sb / (n_in / 256), k = sb % (n_in / 256);
+    const float* xb = x + (u64)tok * n_in + 256 * k;
+    int i = threadIdx.x;
+    float v = xb[i];
+    // The first value of largest magnitude (the CPU's strict '>' scan).
+    float a = fabsf(v);
+    int idx = i;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float a2 = __shfl_xor_sync(FULL_MASK, a, o);
+        int i2 = __shfl_xor_sync(FULL_MASK, idx, o);
+        if (a2 > a || (a2 == a && i2 < idx)) { a = a2; idx = i2; }
+    }
+    if ((i & 31) == 0) { s_abs[i / 32] = a; s_idx[i / 32] = idx; }
+    __syncthreads();
+    if (i == 0) {
+        float ba = s_abs[0];
+        int bi = s_idx[0];
+        for (int w = 1; w < 8; w++)
+            if (s_abs[w] > ba) { ba = s_abs[w]; bi = s_idx[w]; }
+        s_best = ba == 0.0f ? -1 : bi;
+    }
+    __syncthreads();
+    i8* qb = aq + (u64)tok * n_in + 256 * k;
+    int best = s_best;
+    int q = 0;
+    float iscale = 0.0f;
+    if (best >= 0) {
+        iscale = -127.0f / xb[best];
+        q = min(127, (int)rintf(iscale * v));
+    }
+    qb[i] = (i8)q;
+    // 16-value sums: lanes 0-15 and 16-31 of each warp.
+    int s = q;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+    if ((i & 15) == 0) bs[(u64)tok * (n_in / 16) + 16 * k + i / 16] = s;
+    if (i == 0) ad[(u64)tok * (n_in / 32) + k] = best >= 0 ? 1.0f / iscale : 0.0f;
+}
+
+// Round to f16 precision (the F16 weight's vec_dot_type).
+extern "C" __global__ void round_f16(const float* x, float* y, int n) {
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g < n) y[g] = h2f(f2h(x[g]));
+}
+
+// ---- quantized x quantized (production) --------------------------------
+
+template <class T, int NT>
+__device__ __forceinline__ void mm_q(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
+                                     const float* as, const int* bs, float* out, int n_out,
+                                     int n_in, int n_tok) {
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int row = blockIdx.x * MM_WARPS + warp;
+    if (row >= n_out) return;
+    int t0 = blockIdx.y * NT;
+    const u8* wr = W + (u64)row * row_bytes;
+    int nch = n_in / 32;
+    int nab = n_in / 32;  // stride of ad / as per token
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int base = 0; base < nch; base += WARP) {
+        int c = base + lane;
+        bool ok = c < nch;
+        int b = c / T::NSUB, sub = c % T::NSUB;
+        const u8* blk = wr + (u64)b * T::BYTES;
+        int q[8];
+        int s0 = 0, s1 = 0, m = 0;
+        if (ok) {
+            load_chunk<T>(blk, sub, q, s0, s1, m);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) q[i] = 0;
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int tok = t0 + t;
+            if (tok < n_tok) {  // uniform over the warp
+                int isum = 0, summs = 0;
+                if (ok) {
+                    const int4* ap = (const int4*)(aq + (u64)tok * n_in + 32 * (u64)c);
+                    int4 a0 = ap[0], a1 = ap[1];
+                    int lo = 0, hi = 0;
+                    lo = __dp4a(q[0], a0.x, lo);
+                    lo = __dp4a(q[1], a0.y, lo);
+                    lo = __dp4a(q[2], a0.z, lo);
+                    lo = __dp4a(q[3], a0.w, lo);
+                    hi = __dp4a(q[4], a1.x, hi);
+                    hi = __dp4a(q[5], a1.y, hi);
+                    hi = __dp4a(q[6], a1.z, hi);
+                    hi = __dp4a(q[7], a1.w, hi);
+                    isum = s0 * lo + s1 * hi;
+                    if (T::ACT == 2) {
+                        const int* bp = bs + (u64)tok * (n_in / 16) + 2 * c;
+                        summs = m * (bp[0] + bp[1]);
+                    }
+                }
+#pragma unroll
+                for (int o = T::NSUB / 2; o > 0; o >>= 1) {
+                    isum += __shfl_xor_sync(FULL_MASK, isum, o);
+                    summs += __shfl_xor_sync(FULL_MASK, summs, o);
+                }
+                if (ok && sub == 0) {
+                    u64 ai = (u64)tok * nab + b;
+                    acc[t] += T::combine(blk, isum, summs, ad[ai], T::ACT == 1 ? as[ai] : 0.0f);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        int tok = t0 + t;
+        float v = warp_sum(acc[t]);
+        if (lane == 0 && tok < n_tok) out[(u64)tok * n_out + row] = v;
+    }
+}
+
+// ---- dequantized weights x f32 activations (exact, F32, F16) -----------
+
+template <class T, int NT>
+__device__ __forceinline__ void mm_f(const u8* W, u64 row_bytes, const float* x, float* out,
+                                     int n_out, int n_in, int n_tok) {
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int row = blockIdx.x * MM_WARPS + warp;
+    if (row >= n_out) return;
+    int t0 = blockIdx.y * NT;
+    const u8* wr = W + (u64)row * row_bytes;
+    int nch = n_in / 32;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int c = lane; c < nch; c += WARP) {
+        float w[32];
+        T::deq(wr + (u64)(c / T::NSUB) * T::BYTES, c % T::NSUB, w);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int tok = t0 + t;
+            if (tok < n_tok) {
+                const float4* xp = (const float4*)(x + (u64)tok * n_in + 32 * (u64)c);
+                float s = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float4 v = xp[i];
+                    s += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                }
+                acc[t] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        int tok = t0 + t;
+        float v = warp_sum(acc[t]);
+        if (lane == 0 && tok < n_tok) out[(u64)tok * n_out + row] = v;
+    }
+}
+
+// ---- tensor cores (sm_80+): batches of tokens, production numerics -----
+//
+// A warp computes a tile of 16 weight rows x 8 * MMA_TT tokens; per
+// 32-value chunk, two int8 mma.m16n8k16 per 8 tokens give the exact
+// integer dot of each (row, token) for the chunk's two 16-value halves
+// (the halves may have different scales: Q6_K). Integer sums are kept per
+// weight block and combined with the CPU's formula when the block ends.
+// Fragment layouts (PTX ISA, mma.m16n8k16 .s8): lane = 4 * g + t; A regs
+// hold rows g and g + 8, columns 4t..4t+3; B holds column (token) g, rows
+// (k) 4t..4t+3; C holds rows g, g + 8 x columns 2t, 2t + 1.
+// grid = (ceil(n_out / (16 * MMA_WARPS)), ceil(n_tok / (8 * MMA_TT))).
+
+#define MMA_WARPS 4
+#define MMA_TT 4
+
+__device__ __forceinline__ void mma_s8(int* c, int a0, int a1, int b0) {
+#if __CUDA_ARCH__ < 800
+    __trap();  // never launched below sm_80 (see matmul.rs)
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+#endif
+}
+
+template <class T>
+__device__ __forceinline__ void mm_mma(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
+                                       const float* as, const int* bs, float* out, int n_out,
+                                       int n_in, int n_tok) {
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int g = lane >> 2, t = lane & 3;
+    int row0 = (blockIdx.x * MMA_WARPS + warp) * 16;
+    if (row0 >= n_out) return;
+    int tok0 = blockIdx.y * 8 * MMA_TT;
+    int rows[2] = {row0 + g, row0 + g + 8};
+    const u8* wr[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) wr[k] = W + (u64)min(rows[k], n_out - 1) * row_bytes;
+    int nch = n_in / 32, nab = n_in / 32, nbs = n_in / 16;
+    float acc[MMA_TT][4];
+    int bi[MMA_TT][4], bm[MMA_TT][4];
+#pragma unroll
+    for (int tt = 0; tt < MMA_TT; tt++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) { acc[tt][k] = 0.0f; bi[tt][k] = 0; bm[tt][k] = 0; }
+    for (int c = 0; c < nch; c++) {
+        int b = c / T::NSUB, sub = c % T::NSUB;
+        const u8* blk[2] = {wr[0] + (u64)b * T::BYTES, wr[1] + (u64)b * T::BYTES};
+        int alo0 = T::word(blk[0], sub, t), alo1 = T::word(blk[1], sub, t);
+        int ahi0 = T::word(blk[0], sub, 4 + t), ahi1 = T::word(blk[1], sub, 4 + t);
+        int s0[2], s1[2], mn[2];
+        T::scales(blk[0], sub, s0[0], s1[0], mn[0]);
+        T::scales(blk[1], sub, s0[1], s1[1], mn[1]);
+        bool last = sub == T::NSUB - 1;
+#pragma unroll
+        for (int tt = 0; tt < MMA_TT; tt++) {
+            int tb = tok0 + 8 * tt;
+            if (tb >= n_tok) break;  // uniform over the warp
+            int tok_b = tb + g;
+            int blo = 0, bhi = 0;
+            if (tok_b < n_tok) {
+                const i8* ap = aq + (u64)tok_b * n_in + 32 * (u64)c;
+                blo = *(const int*)(ap + 4 * t);
+                bhi = *(const int*)(ap + 16 + 4 * t);
+            }
+            int clo[4] = {0, 0, 0, 0}, chi[4] = {0, 0, 0, 0};
+            mma_s8(clo, alo0, alo1, blo);
+            mma_s8(chi, ahi0, ahi1, bhi);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int ri = k >> 1;               // row g or g + 8
+                int tok = tb + 2 * t + (k & 1);
+                bi[tt][k] += s0[ri] * clo[k] + s1[ri] * chi[k];
+                if (T::ACT == 2 && tok < n_tok) {
+                    const int* bp = bs + (u64)tok * nbs + 2 * c;
+                    bm[tt][k] += mn[ri] * (bp[0] + bp[1]);
+                }
+                if (last) {
+                    if (tok < n_tok) {
+                        u64 ai = (u64)tok * nab + b;
+                        acc[tt][k] += T::combine(blk[ri], bi[tt][k], bm[tt][k], ad[ai], T::ACT == 1 ? as[ai] : 0.0f);
+                    }
+                    bi[tt][k] = 0;
+                    bm[tt][k] = 0;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int tt = 0; tt < MMA_TT; tt++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int row = rows[k >> 1], tok = tok0 + 8 * tt + 2 * t + (k & 1);
+            if (row < n_out && tok < n_tok) out[(u64)tok * n_out + row] = acc[tt][k];
+        }
+}
+
+#define MM_Q(name, T)                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mmq1_##name(                             \
+        const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
+        float* out, int n_out, int n_in, int n_tok) {                                         \
+        mm_q<T, 1>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok);                           \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mmq8_##name(                             \
+        const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
+        float* out, int n_out, int n_in, int n_tok) {                                         \
+        mm_q<T, 8>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok);                           \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mma_##name(                              \
+        const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
+        float* out, int n_out, int n_in, int n_tok) {                                         \
+        mm_mma<T>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok);                            \
+    }
+
+#define MM_F(name, T)                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mmf1_##name(                             \
+        const u8* W, u64 rb, const float* x, float* out, int n_out, int n_in, int n_tok) {    \
+        mm_f<T, 1>(W, rb, x, out, n_out, n_in, n_tok);                                        \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mmf8_##name(                             \
+        const u8* W, u64 rb, const float* x, float* out, int n_out, int n_in, int n_tok) {    \
+        mm_f<T, 8>(W, rb, x, out, n_out, n_in, n_tok);                                        \
+    }
+
+MM_Q(q4_0, TQ4_0)
+MM_Q(q4_1, TQ4_1)
+MM_Q(q5_0, TQ5_0)
+MM_Q(q8_0, TQ8_0)
+MM_Q(q4_k, TQ4_K)
+MM_Q(q5_k, TQ5_K)
+MM_Q(q6_k, TQ6_K)
+
+MM_F(f32, TF32)
+MM_F(f16, TF16)
+MM_F(q4_0, TQ4_0)
+MM_F(q4_1, TQ4_1)
+MM_F(q5_0, TQ5_0)
+MM_F(q8_0, TQ8_0)
+MM_F(q4_k, TQ4_K)
+MM_F(q5_k, TQ5_K)
+MM_F(q6_k, TQ6_K)

@@ -1,0 +1,259 @@
+// ggml weight block formats on the device (prepended after common.cuh to
+// the sources that read weights: embed.cu, matmul.cu).
+//
+// Every format is read in chunks of 32 consecutive values: a legacy block
+// (Q4_0, Q4_1, Q5_0, Q8_0) is one chunk; a K-quant super-block of 256 is
+// NSUB = 8 chunks; F32 and F16 rows are cut into 32-value pseudo-blocks.
+// Per format:
+//   deq(block, sub, y[32])   dequantize chunk `sub` exactly like the CPU
+//                            reference (kernels/src/quant/*.rs); products
+//                            and sums use __fmul_rn/__fadd_rn so that no
+//                            FMA contraction changes the rounding;
+//   word(block, sub, i)      integer quants i*4 .. i*4+3 of the chunk
+//                            packed 4 per int (for dp4a and int8 mma),
+//                            read as one 4-byte word (two 2-byte halves
+//                            for formats whose block size is not a
+//                            multiple of 4; a weight's base address must
+//                            be 4-byte aligned);
+//   scales(block, sub, s0, s1, m)
+//                            the integer scales of the chunk's two
+//                            16-value halves, and its integer min scale;
+//   combine(block, isum, summs, ad, as)
+//                            the block's float contribution from the
+//                            integer sums of all its chunks (the CPU's
+//                            formula, same operation order).
+// ACT names the activation format: 0 = Q8_0, 1 = Q8_1, 2 = Q8_K.
+
+// 4 bytes at a 2-byte (ld32_2) or 4-byte (ld32_4) aligned address.
+__device__ __forceinline__ u32 ld32_2(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+__device__ __forceinline__ u32 ld32_4(const u8* p) { return *(const u32*)p; }
+
+
+struct TF32 {
+    static constexpr int NSUB = 1, BYTES = 128, ACT = -1;
+    static __device__ __forceinline__ void deq(const u8* b, int, float* y) {
+        const float* f = (const float*)b;
+#pragma unroll
+        for (int i = 0; i < 32; i++) y[i] = f[i];
+    }
+};
+
+struct TF16 {
+    static constexpr int NSUB = 1, BYTES = 64, ACT = -1;
+    static __device__ __forceinline__ void deq(const u8* b, int, float* y) {
+        const u16* h = (const u16*)b;
+#pragma unroll
+        for (int i = 0; i < 32; i++) y[i] = h2f(h[i]);
+    }
+};
+
+struct TQ4_0 {
+    static __device__ __forceinline__ int word(const u8* b, int, int i) {
+        u32 w = ld32_2(b + 2 + 4 * (i & 3));
+        return (int)__vsubss4((i < 4 ? w : w >> 4) & 0x0f0f0f0fu, 0x08080808u);
+    }
+    static __device__ __forceinline__ void scales(const u8*, int, int& s0, int& s1, int& m) { s0 = 1; s1 = 1; m = 0; }
+    static constexpr int NSUB = 1, BYTES = 18, ACT = 0;
+    static __device__ __forceinline__ void deq(const u8* b, int, float* y) {
+        float d = ld_h(b);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[2 + j];
+            y[j] = __fmul_rn((float)((q & 15) - 8), d);
+            y[j + 16] = __fmul_rn((float)((q >> 4) - 8), d);
+        }
+    }
+    static __device__ __forceinline__ float combine(const u8* b, int isum, int, float ad, float) {
+        return (float)isum * (ld_h(b) * ad);
+    }
+};
+
+struct TQ4_1 {
+    static __device__ __forceinline__ int word(const u8* b, int, int i) {
+        u32 w = ld32_4(b + 4 + 4 * (i & 3));
+        return (int)((i < 4 ? w : w >> 4) & 0x0f0f0f0fu);
+    }
+    static __device__ __forceinline__ void scales(const u8*, int, int& s0, int& s1, int& m) { s0 = 1; s1 = 1; m = 0; }
+    static constexpr int NSUB = 1, BYTES = 20, ACT = 1;
+    static __device__ __forceinline__ void deq(const u8* b, int, float* y) {
+        float d = ld_h(b), mn = ld_h(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[4 + j];
+            y[j] = __fadd_rn(__fmul_rn((float)(q & 15), d), mn);
+            y[j + 16] = __fadd_rn(__fmul_rn((float)(q >> 4), d), mn);
+        }
+    }
+    static __device__ __forceinline__ float combine(const u8* b, int isum, int, float ad, float as) {
+        return __fadd_rn(__fmul_rn(ld_h(b) * ad, (float)isum), __fmul_rn(ld_h(b + 2), as));
+    }
+};
+
+struct TQ5_0 {
+    static __device__ __forceinline__ int word(const u8* b, int, int i) {
+        u32 qh = ld32_2(b + 2);
+        u32 w = ld32_2(b + 6 + 4 * (i & 3));
+        int base = (i < 4 ? 0 : 16) + 4 * (i & 3);
+        u32 h = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) h |= ((qh >> (base + k)) & 1u) << (8 * k + 4);
+        return (int)__vsubss4(((i < 4 ? w : w >> 4) & 0x0f0f0f0fu) | h, 0x10101010u);
+    }
+    static __device__ __forceinline__ void scales(const u8*, int, int& s0, int& s1, int& m) { s0 = 1; s1 = 1; m = 0; }
+    static constexpr int NSUB = 1, BYTES = 22, ACT = 0;
+    static __device__ __forceinline__ void vals(const u8* b, int* v) {
+        u32 qh = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int x = b[6 + j];
+            v[j] = ((x & 15) | (((qh >> j) & 1) << 4)) - 16;
+            v[j + 16] = ((x >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+        }
+    }
+    static __device__ __forceinline__ void deq(const u8* b, int, float* y) {
+        float d = ld_h(b);
+        int v[32];
+        vals(b, v);
+#pragma unroll
+        for (int j = 0; j < 32; j++) y[j] = __fmul_rn((float)v[j], d);
+    }
+    static __device__ __forceinline__ float combine(const u8* b, int isum, int, float ad, float) {
+        return (ld_h(b) * ad) * (float)isum;
+    }
+};
+
+struct TQ8_0 {
+    static __device__ __forceinline__ int word(const u8* b, int, int i) { return (int)ld32_2(b + 2 + 4 * i); }
+    static __device__ __forceinline__ void scales(const u8*, int, int& s0, int& s1, int& m) { s0 = 1; s1 = 1; m = 0; }
+    static constexpr int NSUB = 1, BYTES = 34, ACT = 0;
+    static __device__ __forceinline__ void deq(const u8* b, int, float* y) {
+        float d = ld_h(b);
+#pragma unroll
+        for (int j = 0; j < 32; j++) y[j] = __fmul_rn((float)(i8)b[2 + j], d);
+    }
+    static __device__ __forceinline__ float combine(const u8* b, int isum, int, float ad, float) {
+        return (float)isum * (ld_h(b) * ad);
+    }
+};
+
+// Q4_K / Q5_K 6-bit scale and min of sub-block j (k4_scales_mins).
+__device__ __forceinline__ void k4_scale_min(const u8* s, int j, int& sc, int& mn) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        mn = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+struct TQ4_K {
+    static __device__ __forceinline__ int word(const u8* b, int sub, int i) {
+        return (int)((ld32_4(b + 16 + 32 * (sub >> 1) + 4 * i) >> (4 * (sub & 1))) & 0x0f0f0f0fu);
+    }
+    static __device__ __forceinline__ void scales(const u8* b, int sub, int& s0, int& s1, int& m) {
+        int sc, mn;
+        k4_scale_min(b + 4, sub, sc, mn);
+        s0 = sc; s1 = sc; m = mn;
+    }
+    static constexpr int NSUB = 8, BYTES = 144, ACT = 2;
+    static __device__ __forceinline__ void vals(const u8* b, int sub, int* v) {
+        const u8* qs = b + 16 + 32 * (sub >> 1);
+        int sh = 4 * (sub & 1);
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = (qs[i] >> sh) & 15;
+    }
+    static __device__ __forceinline__ void deq(const u8* b, int sub, float* y) {
+        int sc, mn;
+        k4_scale_min(b + 4, sub, sc, mn);
+        float d1 = ld_h(b) * (float)sc, m1 = ld_h(b + 2) * (float)mn;
+        int v[32];
+        vals(b, sub, v);
+#pragma unroll
+        for (int i = 0; i < 32; i++) y[i] = __fsub_rn(__fmul_rn(d1, (float)v[i]), m1);
+    }
+    static __device__ __forceinline__ float combine(const u8* b, int isum, int summs, float ad, float) {
+        return __fsub_rn(__fmul_rn(ld_h(b) * ad, (float)isum), __fmul_rn(ld_h(b + 2) * ad, (float)summs));
+    }
+};
+
+struct TQ5_K {
+    static __device__ __forceinline__ int word(const u8* b, int sub, int i) {
+        u32 lo = (ld32_4(b + 48 + 32 * (sub >> 1) + 4 * i) >> (4 * (sub & 1))) & 0x0f0f0f0fu;
+        u32 hi = ((ld32_4(b + 16 + 4 * i) >> sub) & 0x01010101u) << 4;
+        return (int)(lo | hi);
+    }
+    static __device__ __forceinline__ void scales(const u8* b, int sub, int& s0, int& s1, int& m) {
+        int sc, mn;
+        k4_scale_min(b + 4, sub, sc, mn);
+        s0 = sc; s1 = sc; m = mn;
+    }
+    static constexpr int NSUB = 8, BYTES = 176, ACT = 2;
+    static __device__ __forceinline__ void vals(const u8* b, int sub, int* v) {
+        const u8* qh = b + 16;
+        const u8* qs = b + 48 + 32 * (sub >> 1);
+        int sh = 4 * (sub & 1);
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = ((qs[i] >> sh) & 15) + (((qh[i] >> sub) & 1) << 4);
+    }
+    static __device__ __forceinline__ void deq(const u8* b, int sub, float* y) {
+        int sc, mn;
+        k4_scale_min(b + 4, sub, sc, mn);
+        float d1 = ld_h(b) * (float)sc, m1 = ld_h(b + 2) * (float)mn;
+        int v[32];
+        vals(b, sub, v);
+#pragma unroll
+        for (int i = 0; i < 32; i++) y[i] = __fsub_rn(__fmul_rn(d1, (float)v[i]), m1);
+    }
+    static __device__ __forceinline__ float combine(const u8* b, int isum, int summs, float ad, float) {
+        return TQ4_K::combine(b, isum, summs, ad, 0.0f);
+    }
+};
+
+struct TQ6_K {
+    static __device__ __forceinline__ int word(const u8* b, int sub, int i) {
+        int h = sub >> 2, r = sub & 3;
+        u32 lo = (ld32_2(b + 64 * h + 32 * (r & 1) + 4 * i) >> (r < 2 ? 0 : 4)) & 0x0f0f0f0fu;
+        u32 hi = ((ld32_2(b + 128 + 32 * h + 4 * i) >> (2 * r)) & 0x03030303u) << 4;
+        return (int)__vsubss4(lo | hi, 0x20202020u);
+    }
+    static __device__ __forceinline__ void scales(const u8* b, int sub, int& s0, int& s1, int& m) {
+        s0 = (i8)b[192 + 2 * sub];
+        s1 = (i8)b[193 + 2 * sub];
+        m = 0;
+    }
+    static constexpr int NSUB = 8, BYTES = 210, ACT = 2;
+    static __device__ __forceinline__ void vals(const u8* b, int sub, int* v) {
+        int h = sub >> 2, r = sub & 3;
+        const u8* ql = b + 64 * h + 32 * (r & 1);
+        const u8* qh = b + 128 + 32 * h;
+        int sh = r < 2 ? 0 : 4;
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = (((ql[i] >> sh) & 15) | (((qh[i] >> (2 * r)) & 3) << 4)) - 32;
+    }
+    static __device__ __forceinline__ void deq(const u8* b, int sub, float* y) {
+        float d = ld_h(b + 208);
+        float dl0 = d * (float)(i8)b[192 + 2 * sub], dl1 = d * (float)(i8)b[193 + 2 * sub];
+        int v[32];
+        vals(b, sub, v);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            y[i] = __fmul_rn(dl0, (float)v[i]);
+            y[i + 16] = __fmul_rn(dl1, (float)v[i + 16]);
+        }
+    }
+    static __device__ __forceinline__ float combine(const u8* b, int isum, int, float ad, float) {
+        return ld_h(b + 208) * ad * (float)isum;
+    }
+};
+
+// All 8 words and the scales of one chunk.
+template <class T>
+__device__ __forceinline__ void load_chunk(const u8* b, int sub, int* q, int& s0, int& s1, int& m) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) q[i] = T::word(b, sub, i);
+    T::scales(b, sub, s0, s1, m);
+}

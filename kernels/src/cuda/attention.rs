@@ -1,0 +1,177 @@
+//! Wrapper of `kernels/cuda/attention.cu`: paged KV writes and causal
+//! attention over a [`CudaKvPool`].
+//!
+//! The host turns the sequences' block tables into one table array and,
+//! per q row, `{block, slot, pos, table_off}` (see the kernel source); one
+//! launch stores every row's k/v, a second computes partial attention for
+//! every (row, head, split of the positions), a third merges the splits
+//! (split-KV, so that a decode batch of a few rows still fills the GPU).
+
+use super::{CudaBackend, CudaKvPool, CudaTensor};
+use crate::backend::{AttentionConfig, BackendError, KvDtype, KvSeq};
+
+/// Largest head dimension the kernel holds in registers.
+const MAX_HEAD_DIM: usize = 512;
+
+/// Checks a block id and a buffer length; returns the block's size.
+pub fn check_block(pool: &CudaKvPool, block: u32, len: usize) -> Result<usize, BackendError> {
+    let bb = pool.cfg.block_bytes(pool.dtype);
+    if block as usize >= pool.cfg.n_blocks || len != bb {
+        return Err(BackendError::Shape {
+            op: "kv block copy",
+            detail: format!(
+                "block {block} of {} with {len} bytes; a block is {bb} bytes",
+                pool.cfg.n_blocks
+            ),
+        });
+    }
+    Ok(bb)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    be: &CudaBackend,
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    pool: &mut CudaKvPool,
+    layer: usize,
+    seqs: &[KvSeq<'_>],
+    cfg: &AttentionConfig,
+    out: &mut CudaTensor,
+) -> Result<(), BackendError> {
+    let hd = cfg.head_dim;
+    let kv_dim = cfg.n_head_kv * hd;
+    let pc = pool.cfg;
+    let shape_ok = q.cols == cfg.n_head * hd
+        && k.cols == kv_dim
+        && v.cols == kv_dim
+        && pc.kv_dim == kv_dim
+        && k.rows == q.rows
+        && v.rows == q.rows
+        && out.rows == q.rows
+        && out.cols == q.cols
+        && layer < pc.n_layer
+        && cfg.n_head_kv > 0
+        && cfg.n_head.is_multiple_of(cfg.n_head_kv)
+        && hd > 0
+        && hd <= MAX_HEAD_DIM;
+    if !shape_ok {
+        return Err(BackendError::Shape {
+            op: "attention",
+            detail: format!(
+                "q [{}, {}], k [{}, {}], v [{}, {}], out [{}, {}], layer {layer}, {cfg:?}, pool {pc:?} (head_dim <= {MAX_HEAD_DIM})",
+                q.rows, q.cols, k.rows, k.cols, v.rows, v.cols, out.rows, out.cols
+            ),
+        });
+    }
+    let bs = pc.block_size;
+    let mut info = vec![-1i32; 4 * q.rows];
+    let mut tables: Vec<u32> = Vec::new();
+    for s in seqs {
+        if s.row + s.n_rows > q.rows {
+            return Err(BackendError::Shape {
+                op: "attention",
+                detail: format!(
+                    "sequence rows {}..{} past the {} rows of q",
+                    s.row,
+                    s.row + s.n_rows,
+                    q.rows
+                ),
+            });
+        }
+        let end = s.pos + s.n_rows;
+        if end > s.blocks.len() * bs {
+            return Err(BackendError::ContextFull {
+                pos: end - 1,
+                ctx: s.blocks.len() * bs,
+            });
+        }
+        if let Some(&b) = s.blocks[..end.div_ceil(bs)]
+            .iter()
+            .find(|&&b| b as usize >= pc.n_blocks)
+        {
+            return Err(BackendError::Shape {
+                op: "attention",
+                detail: format!("block {b} is outside the pool of {} blocks", pc.n_blocks),
+            });
+        }
+        let toff = tables.len() as i32;
+        tables.extend_from_slice(&s.blocks[..end.div_ceil(bs)]);
+        for i in 0..s.n_rows {
+            let p = s.pos + i;
+            let r = s.row + i;
+            if info[4 * r] >= 0 {
+                return Err(BackendError::Shape {
+                    op: "attention",
+                    detail: format!("row {r} belongs to two sequences"),
+                });
+            }
+            info[4 * r..4 * r + 4].copy_from_slice(&[
+                s.blocks[p / bs] as i32,
+                (p % bs) as i32,
+                p as i32,
+                toff,
+            ]);
+        }
+    }
+    if q.rows == 0 {
+        return Ok(());
+    }
+    let info_d = be.upload(&info)?;
+    let tables_d = be.upload(&tables)?;
+    let elem = pool.dtype.bytes();
+    let block_elems = (pc.block_bytes(pool.dtype) / elem) as u64;
+    let layer_off = (layer * 2 * bs * kv_dim) as u64;
+    let (qp, kp, vp, pp, ip, tp, op) = (
+        be.ptr(&q.buf),
+        be.ptr(&k.buf),
+        be.ptr(&v.buf),
+        be.ptr(&pool.buf),
+        be.ptr(&info_d),
+        be.ptr(&tables_d),
+        be.ptr(&out.buf),
+    );
+    let (kv_dim_i, bs_i) = (kv_dim as i32, bs as i32);
+    let (store, part) = match pool.dtype {
+        KvDtype::F16 => ("kv_store_f16", "attn_part_f16"),
+        KvDtype::F32 => ("kv_store_f32", "attn_part_f32"),
+    };
+    launch!(be, store, (q.rows as u32, 1, 1), 128;
+        &kp, &vp, &pp, &ip, &kv_dim_i, &bs_i, &block_elems, &layer_off)?;
+    // Split the positions so that short batches still fill the GPU.
+    let max_len = seqs
+        .iter()
+        .map(|s| s.pos + s.n_rows)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let (n_split, chunk) = split(q.rows * cfg.n_head, max_len);
+    let parts = q.rows * cfg.n_head * n_split;
+    let part_m = be.scratch::<f32>(parts)?;
+    let part_l = be.scratch::<f32>(parts)?;
+    let part_acc = be.scratch::<f32>(parts * hd)?;
+    let (pm, pl, pa) = (be.ptr(&part_m), be.ptr(&part_l), be.ptr(&part_acc));
+    let (nh, nkv, hd_i) = (cfg.n_head as i32, cfg.n_head_kv as i32, hd as i32);
+    let (n_split_i, chunk_i) = (n_split as i32, chunk as i32);
+    launch!(be, part, (q.rows as u32, cfg.n_head as u32, n_split as u32), 128;
+        &qp, &pp, &tp, &ip, &pm, &pl, &pa, &nh, &nkv, &hd_i, &bs_i, &block_elems, &layer_off,
+        &cfg.scale, &chunk_i)?;
+    launch!(be, "attn_merge", (q.rows as u32, cfg.n_head as u32, 1), 128;
+        &pm, &pl, &pa, &ip, &op, &nh, &hd_i, &n_split_i)
+}
+
+/// Blocks the attention grid aims for (a few waves over an H200's 132 SMs).
+const TARGET_BLOCKS: usize = 4096;
+/// Fewest positions one split block covers (its 4 warps take 32 each).
+const MIN_CHUNK: usize = 128;
+
+/// `(n_split, chunk)`: positions `0 .. max_len` cut into `n_split` chunks
+/// of `chunk` positions, for `row_heads` (row, head) pairs.
+fn split(row_heads: usize, max_len: usize) -> (usize, usize) {
+    let by_len = max_len.div_ceil(MIN_CHUNK);
+    let by_grid = (TARGET_BLOCKS / row_heads.max(1)).max(1);
+    let n_split = by_len.min(by_grid).clamp(1, 65535);
+    let chunk = max_len.div_ceil(n_split);
+    (max_len.div_ceil(chunk), chunk)
+}

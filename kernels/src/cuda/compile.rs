@@ -1,0 +1,276 @@
+//! NVRTC compilation of the kernel sources in `kernels/cuda/`, with an
+//! on-disk PTX cache.
+//!
+//! Every `.cu` file is embedded with `include_str!` and compiled with the
+//! shared preludes (`common.cuh`, and `quant.cuh` for sources that read
+//! weight blocks) prepended, since NVRTC sees no include path.
+//!
+//! Cache invariants: a cache file is named by the SHA-256 of everything
+//! that determines its content (NVRTC version, options, target arch,
+//! source text), so a stale file can never be picked up for changed
+//! inputs; files are written to a temporary name, fsynced and renamed, so
+//! a reader sees a whole file or none. The directory is
+//! `$DS4_KERNEL_CACHE`, else `$XDG_CACHE_HOME/ds4/kernels`, else
+//! `~/.cache/ds4/kernels`; when none can be created the cache is skipped.
+
+// NVRTC's version and architecture queries are raw FFI calls.
+#![allow(unsafe_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use cudarc::nvrtc::{self, CompileOptions, Ptx};
+use sha2::{Digest, Sha256};
+
+const COMMON: &str = include_str!("../../cuda/common.cuh");
+const QUANT: &str = include_str!("../../cuda/quant.cuh");
+
+/// One kernel source and the kernels the Rust side loads from it.
+pub struct KernelSource {
+    /// File stem in `kernels/cuda/` (also the module name).
+    pub name: &'static str,
+    src: &'static str,
+    /// Whether `quant.cuh` is prepended.
+    quant: bool,
+    pub kernels: &'static [&'static str],
+}
+
+impl KernelSource {
+    /// The text NVRTC compiles: preludes, then the file.
+    pub fn full_source(&self) -> String {
+        let mut s = String::with_capacity(COMMON.len() + QUANT.len() + self.src.len() + 64);
+        s.push_str(COMMON);
+        if self.quant {
+            s.push_str("\n#line 1 \"quant.cuh\"\n");
+            s.push_str(QUANT);
+        }
+        s.push_str(&format!("\n#line 1 \"{}.cu\"\n", self.name));
+        s.push_str(self.src);
+        s
+    }
+}
+
+/// Every kernel source, with the kernel entry points it defines.
+pub const SOURCES: &[KernelSource] = &[
+    KernelSource {
+        name: "elementwise",
+        src: include_str!("../../cuda/elementwise.cu"),
+        quant: false,
+        kernels: &["rms_norm", "swiglu", "add_assign", "rope", "argmax_rows"],
+    },
+    KernelSource {
+        name: "embed",
+        src: include_str!("../../cuda/embed.cu"),
+        quant: true,
+        kernels: &[
+            "embed_f32",
+            "embed_f16",
+            "embed_q4_0",
+            "embed_q4_1",
+            "embed_q5_0",
+            "embed_q8_0",
+            "embed_q4_k",
+            "embed_q5_k",
+            "embed_q6_k",
+        ],
+    },
+    KernelSource {
+        name: "matmul",
+        src: include_str!("../../cuda/matmul.cu"),
+        quant: true,
+        kernels: &[
+            "act_q8_0",
+            "act_q8_k",
+            "round_f16",
+            "mmq1_q4_0",
+            "mmq8_q4_0",
+            "mmq1_q4_1",
+            "mmq8_q4_1",
+            "mmq1_q5_0",
+            "mmq8_q5_0",
+            "mmq1_q8_0",
+            "mmq8_q8_0",
+            "mmq1_q4_k",
+            "mmq8_q4_k",
+            "mmq1_q5_k",
+            "mmq8_q5_k",
+            "mmq1_q6_k",
+            "mmq8_q6_k",
+            "mma_q4_0",
+            "mma_q4_1",
+            "mma_q5_0",
+            "mma_q8_0",
+            "mma_q4_k",
+            "mma_q5_k",
+            "mma_q6_k",
+            "mmf1_f32",
+            "mmf8_f32",
+            "mmf1_f16",
+            "mmf8_f16",
+            "mmf1_q4_0",
+            "mmf8_q4_0",
+            "mmf1_q4_1",
+            "mmf8_q4_1",
+            "mmf1_q5_0",
+            "mmf8_q5_0",
+            "mmf1_q8_0",
+            "mmf8_q8_0",
+            "mmf1_q4_k",
+            "mmf8_q4_k",
+            "mmf1_q5_k",
+            "mmf8_q5_k",
+            "mmf1_q6_k",
+            "mmf8_q6_k",
+        ],
+    },
+    KernelSource {
+        name: "attention",
+        src: include_str!("../../cuda/attention.cu"),
+        quant: false,
+        kernels: &[
+            "kv_store_f16",
+            "kv_store_f32",
+            "attn_part_f16",
+            "attn_part_f32",
+            "attn_merge",
+        ],
+    },
+];
+
+/// Whether libnvrtc can be loaded; `Err` says what was looked for.
+pub fn nvrtc_available() -> Result<(), String> {
+    // SAFETY: only tries to dlopen the library under its candidate names.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(format!(
+            "libnvrtc not found (tried {:?} on the dynamic linker's path; \
+             set LD_LIBRARY_PATH, e.g. to the output of scripts/lib/fetch-nvrtc.sh)",
+            cudarc::get_lib_name_candidates("nvrtc")
+        ))
+    }
+}
+
+/// NVRTC's `(major, minor)` version. Call only after [`nvrtc_available`].
+pub fn nvrtc_version() -> Result<(i32, i32), String> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-pointers to live integers.
+    unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| format!("nvrtcVersion: {e:?}"))?;
+    Ok((major, minor))
+}
+
+/// The `sm_XX` numbers this NVRTC can target (e.g. `[75, 80, ..., 120]`).
+pub fn supported_archs() -> Result<Vec<i32>, String> {
+    let mut n = 0;
+    // SAFETY: an out-pointer to a live integer.
+    unsafe { nvrtc::sys::nvrtcGetNumSupportedArchs(&mut n) }
+        .result()
+        .map_err(|e| format!("nvrtcGetNumSupportedArchs: {e:?}"))?;
+    let mut archs = vec![0i32; n.max(0) as usize];
+    // SAFETY: `archs` holds the number of entries NVRTC just reported.
+    unsafe { nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
+        .result()
+        .map_err(|e| format!("nvrtcGetSupportedArchs: {e:?}"))?;
+    Ok(archs)
+}
+
+fn options(arch: u32) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture=compute_{arch}"),
+        "--std=c++17".into(),
+        "-lineinfo".into(),
+    ]
+}
+
+/// Compile `src` to PTX for `compute_{arch}`; the error holds NVRTC's log.
+pub fn compile_ptx(name: &str, src: &str, arch: u32) -> Result<String, String> {
+    let opts = CompileOptions {
+        options: options(arch),
+        name: Some(format!("{name}.cu")),
+        ..Default::default()
+    };
+    match nvrtc::compile_ptx_with_opts(src, opts) {
+        Ok(ptx) => Ok(ptx.to_src()),
+        Err(nvrtc::CompileError::CompileError { log, options, .. }) => Err(format!(
+            "NVRTC failed on {name}.cu (options {options:?}):\n{}",
+            log.to_string_lossy()
+        )),
+        Err(e) => Err(format!("NVRTC failed on {name}.cu: {e}")),
+    }
+}
+
+/// Counts of modules compiled and loaded from the disk cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompileStats {
+    pub compiled: usize,
+    pub cached: usize,
+}
+
+/// The kernel cache directory (see the module doc), created if missing.
+pub fn cache_dir() -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let dir = env("DS4_KERNEL_CACHE")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("ds4/kernels")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache/ds4/kernels")))?;
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(dir)
+}
+
+fn cache_key(src: &str, arch: u32) -> String {
+    let (major, minor) = nvrtc_version().unwrap_or((0, 0));
+    let mut h = Sha256::new();
+    h.update(format!("nvrtc {major}.{minor}\0").as_bytes());
+    for o in options(arch) {
+        h.update(o.as_bytes());
+        h.update(b"\0");
+    }
+    h.update(format!("arch {arch}\0").as_bytes());
+    h.update(src.as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// The PTX of `source` for `arch`: from the disk cache when present,
+/// otherwise compiled (and stored). Updates `stats`.
+pub fn load_or_compile(
+    source: &KernelSource,
+    arch: u32,
+    stats: &mut CompileStats,
+) -> Result<Ptx, String> {
+    let src = source.full_source();
+    let dir = cache_dir();
+    let path = dir
+        .as_ref()
+        .map(|d| d.join(format!("{}-{}.ptx", source.name, cache_key(&src, arch))));
+    if let Some(p) = &path {
+        if let Ok(text) = std::fs::read_to_string(p) {
+            if text.contains(".entry") {
+                stats.cached += 1;
+                return Ok(Ptx::from_src(text));
+            }
+        }
+    }
+    let ptx = compile_ptx(source.name, &src, arch)?;
+    stats.compiled += 1;
+    if let Some(p) = &path {
+        // A cache that cannot be written only costs a recompile next time.
+        let _ = write_atomic(p, ptx.as_bytes());
+    }
+    Ok(Ptx::from_src(ptx))
+}

@@ -1,0 +1,110 @@
+//! Wrappers of `kernels/cuda/elementwise.cu`: RMSNorm, SwiGLU, residual
+//! add, RoPE, argmax.
+
+use super::{CudaBackend, CudaTensor, CudaWeight};
+use crate::backend::{BackendError, RopeConfig, RopeMode};
+
+fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per).max(1) as u32
+}
+
+pub fn rms_norm(
+    be: &CudaBackend,
+    x: &CudaTensor,
+    w: &CudaWeight,
+    eps: f32,
+    out: &mut CudaTensor,
+) -> Result<(), BackendError> {
+    assert_eq!((x.rows, x.cols), (out.rows, out.cols), "rms_norm: shapes");
+    assert_eq!(w.cols, x.cols, "rms_norm: weight length");
+    let dense = w
+        .dense
+        .as_ref()
+        .expect("element-wise weight is one row and bound dense");
+    if x.rows == 0 {
+        return Ok(());
+    }
+    let (xp, wp, op) = (be.ptr(&x.buf), be.ptr(dense), be.ptr(&out.buf));
+    let cols = x.cols as i32;
+    launch!(be, "rms_norm", (x.rows as u32, 1, 1), 256; &xp, &wp, &op, &cols, &eps)
+}
+
+pub fn swiglu(
+    be: &CudaBackend,
+    gate: &CudaTensor,
+    up: &CudaTensor,
+    out: &mut CudaTensor,
+) -> Result<(), BackendError> {
+    let n = gate.rows * gate.cols;
+    assert_eq!(n, up.rows * up.cols, "swiglu: shapes");
+    assert_eq!(n, out.rows * out.cols, "swiglu: shapes");
+    if n == 0 {
+        return Ok(());
+    }
+    let (gp, upp, op) = (be.ptr(&gate.buf), be.ptr(&up.buf), be.ptr(&out.buf));
+    let n64 = n as u64;
+    launch!(be, "swiglu", (blocks(n, 256), 1, 1), 256; &gp, &upp, &op, &n64)
+}
+
+pub fn add_assign(
+    be: &CudaBackend,
+    x: &mut CudaTensor,
+    y: &CudaTensor,
+) -> Result<(), BackendError> {
+    let n = x.rows * x.cols;
+    assert_eq!(n, y.rows * y.cols, "add_assign: shapes");
+    if n == 0 {
+        return Ok(());
+    }
+    let (xp, yp) = (be.ptr(&x.buf), be.ptr(&y.buf));
+    let n64 = n as u64;
+    launch!(be, "add_assign", (blocks(n, 256), 1, 1), 256; &xp, &yp, &n64)
+}
+
+pub fn rope(
+    be: &CudaBackend,
+    x: &mut CudaTensor,
+    positions: &[u32],
+    head_dim: usize,
+    cfg: &RopeConfig,
+) -> Result<(), BackendError> {
+    assert_eq!(positions.len(), x.rows, "rope: one position per row");
+    assert!(x.cols.is_multiple_of(head_dim), "rope: row is whole heads");
+    assert!(
+        cfg.n_rot <= head_dim && cfg.n_rot.is_multiple_of(2),
+        "rope: n_rot"
+    );
+    let n = x.rows * (x.cols / head_dim) * (cfg.n_rot / 2);
+    if n == 0 {
+        return Ok(());
+    }
+    let pos = be.upload(positions)?;
+    let (xp, pp) = (be.ptr(&x.buf), be.ptr(&pos));
+    let (rows, cols, hd, n_rot) = (
+        x.rows as i32,
+        x.cols as i32,
+        head_dim as i32,
+        cfg.n_rot as i32,
+    );
+    let mode: i32 = match cfg.mode {
+        RopeMode::Normal => 0,
+        RopeMode::Neox => 1,
+    };
+    launch!(be, "rope", (blocks(n, 256), 1, 1), 256;
+        &xp, &pp, &rows, &cols, &hd, &n_rot, &cfg.freq_base, &cfg.freq_scale, &mode)
+}
+
+pub fn argmax_rows(be: &CudaBackend, x: &CudaTensor) -> Result<Vec<u32>, BackendError> {
+    if x.rows == 0 {
+        return Ok(Vec::new());
+    }
+    let out = be.scratch::<u32>(x.rows)?;
+    let (xp, op) = (be.ptr(&x.buf), be.ptr(&out));
+    let cols = x.cols as i32;
+    launch!(be, "argmax_rows", (x.rows as u32, 1, 1), 1024; &xp, &op, &cols)?;
+    let mut v = vec![0u32; x.rows];
+    be.stream
+        .memcpy_dtoh(&out.slice(..x.rows), &mut v)
+        .map_err(|e| super::dev_err("argmax copy", e))?;
+    Ok(v)
+}

@@ -1,0 +1,54 @@
+//! Wrapper of `kernels/cuda/embed.cu`: embedding rows gathered and
+//! dequantized.
+
+use super::{kernel_suffix, CudaBackend, CudaTensor, CudaWeight};
+use crate::backend::BackendError;
+
+pub fn embed(
+    be: &CudaBackend,
+    table: &CudaWeight,
+    ids: &[u32],
+    out: &mut CudaTensor,
+) -> Result<(), BackendError> {
+    if out.rows != ids.len() || out.cols != table.cols {
+        return Err(BackendError::Shape {
+            op: "embed",
+            detail: format!(
+                "{} ids into [{}, {}], table width {}",
+                ids.len(),
+                out.rows,
+                out.cols,
+                table.cols
+            ),
+        });
+    }
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.rows) {
+        return Err(BackendError::Shape {
+            op: "embed",
+            detail: format!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                table.rows
+            ),
+        });
+    }
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let name = match kernel_suffix(table.ggml_type) {
+        Some("f32") => "embed_f32",
+        Some("f16") => "embed_f16",
+        Some("q4_0") => "embed_q4_0",
+        Some("q4_1") => "embed_q4_1",
+        Some("q5_0") => "embed_q5_0",
+        Some("q8_0") => "embed_q8_0",
+        Some("q4_k") => "embed_q4_k",
+        Some("q5_k") => "embed_q5_k",
+        Some("q6_k") => "embed_q6_k",
+        _ => unreachable!("bound weights have a CUDA type"),
+    };
+    let idb = be.upload(ids)?;
+    let (wp, ip, op) = (be.weight_ptr(table), be.ptr(&idb), be.ptr(&out.buf));
+    let rb = table.row_bytes as u64;
+    let cols = table.cols as i32;
+    launch!(be, name, (ids.len() as u32, 1, 1), 128; &wp, &rb, &ip, &op, &cols)
+}

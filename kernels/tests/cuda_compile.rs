@@ -1,0 +1,51 @@
+//! Every CUDA kernel source compiles with NVRTC (no GPU needed, only
+//! libnvrtc), and defines every kernel the Rust wrappers load.
+//!
+//! Without libnvrtc the test says why and passes, unless
+//! `DS4_REQUIRE_NVRTC` is set (CI sets it after
+//! `scripts/lib/fetch-nvrtc.sh`).
+#![cfg(feature = "cuda")]
+
+use ds4_kernels::cuda::compile;
+
+#[test]
+fn every_kernel_source_compiles_with_nvrtc() {
+    if let Err(why) = compile::nvrtc_available() {
+        if std::env::var_os("DS4_REQUIRE_NVRTC").is_some() {
+            panic!("DS4_REQUIRE_NVRTC is set but NVRTC cannot be loaded: {why}");
+        }
+        eprintln!("skipping the NVRTC compile test: {why}");
+        return;
+    }
+    let version = compile::nvrtc_version().expect("NVRTC version");
+    let supported = compile::supported_archs().expect("NVRTC architectures");
+    let mut archs = vec![90u32];
+    if supported.contains(&120) {
+        archs.push(120);
+    }
+    eprintln!("NVRTC {version:?}; compiling for {archs:?} (supported: {supported:?})");
+    let mut failures = Vec::new();
+    for &arch in &archs {
+        for src in compile::SOURCES {
+            let t = std::time::Instant::now();
+            match compile::compile_ptx(src.name, &src.full_source(), arch) {
+                Ok(ptx) => {
+                    for k in src.kernels {
+                        if !ptx.contains(&format!(".entry {k}(")) {
+                            failures.push(format!("{}.cu for sm_{arch}: no kernel {k}", src.name));
+                        }
+                    }
+                    eprintln!(
+                        "{}.cu sm_{arch}: {} kernels, {} bytes of PTX, {:?}",
+                        src.name,
+                        src.kernels.len(),
+                        ptx.len(),
+                        t.elapsed()
+                    );
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

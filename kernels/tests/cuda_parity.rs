@@ -1,0 +1,522 @@
+//! Parity of the CUDA backend with the CPU reference, op by op, on random
+//! data and random valid quant blocks. GPU tests: `#[ignore]`d, run on the
+//! GPU machine with `--ignored --test-threads=1`
+//! (`scripts/device/cuda-tests.sh`).
+//!
+//! Each check prints `PARITY <name> max_abs=<..> rel=<..> tol=<..>`, where
+//! `rel = max |gpu - cpu| / max |cpu|` over the whole output, and fails
+//! when `rel > tol`. Tolerances: 0 where both sides run the same
+//! operations in the same order (embed, add, copies, argmax, KV bytes);
+//! 1e-6 where a libm function may differ by an ulp or an f64 sum is
+//! ordered differently (rope, swiglu, rms_norm); 1e-5 where the order of
+//! f32 sums differs (matmul, attention). Measured on an H200 (sm_90):
+//! rope, rms_norm 0; swiglu 4e-8; matmul <= 5e-7 (production, dp4a and
+//! tensor cores) and <= 8e-7 (exact); attention <= 4e-7.
+#![cfg(feature = "cuda")]
+
+use std::sync::OnceLock;
+
+use ds4_kernels::cuda::CudaBackend;
+use ds4_kernels::quant::{self, GgmlType};
+use ds4_kernels::{
+    AttentionConfig, Backend, CpuBackend, HostBytes, KvPoolConfig, KvSeq, Numerics, RopeConfig,
+    RopeMode, WeightSource,
+};
+
+fn gpu(numerics: Numerics) -> &'static CudaBackend {
+    static PROD: OnceLock<CudaBackend> = OnceLock::new();
+    static EXACT: OnceLock<CudaBackend> = OnceLock::new();
+    let cell = match numerics {
+        Numerics::Production => &PROD,
+        Numerics::Exact => &EXACT,
+    };
+    cell.get_or_init(|| {
+        let t = std::time::Instant::now();
+        let be = CudaBackend::new(0, numerics).expect("CUDA device 0");
+        eprintln!(
+            "CudaBackend::new({numerics:?}): sm_{}, {:?}, {:?}",
+            be.arch(),
+            be.compile_stats(),
+            t.elapsed()
+        );
+        be
+    })
+}
+
+/// xorshift64*: deterministic test data without a rand dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 56) as u8
+    }
+}
+
+fn f16_bytes(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// A valid `[rows, cols]` weight of type `ty`: quantized random values
+/// where `quantize_row` supports the type, else random blocks whose f16
+/// scales are bounded (K-quants).
+fn weight_bytes(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let row_bytes = ty.row_bytes(cols).expect("whole blocks");
+    let mut out = vec![0u8; rows * row_bytes];
+    for row in out.chunks_mut(row_bytes) {
+        if ty.can_quantize() {
+            let x = rng.vec(cols, 1.0);
+            quant::quantize_row(ty, &x, row).expect("quantize");
+            continue;
+        }
+        for b in row.iter_mut() {
+            *b = rng.byte();
+        }
+        for blk in row.chunks_mut(ty.type_size()) {
+            let d = 0.002 + 0.01 * rng.f().abs();
+            let dmin = 0.002 + 0.01 * rng.f().abs();
+            match ty {
+                GgmlType::Q4_K | GgmlType::Q5_K => {
+                    blk[0..2].copy_from_slice(&f16_bytes(d));
+                    blk[2..4].copy_from_slice(&f16_bytes(dmin));
+                }
+                GgmlType::Q6_K => blk[208..210].copy_from_slice(&f16_bytes(d * 0.1)),
+                other => panic!("no block generator for {other}"),
+            }
+        }
+    }
+    out
+}
+
+fn bind<B: Backend>(
+    be: &B,
+    name: &str,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    bytes: &[u8],
+) -> B::Weight {
+    be.bind_weight(WeightSource {
+        name: name.into(),
+        ggml_type: ty,
+        rows,
+        cols,
+        bytes: HostBytes::from_vec(bytes.to_vec()),
+    })
+    .unwrap_or_else(|e| panic!("bind {name}: {e}"))
+}
+
+/// Asserts `rel = max|got - want| / max|want| <= tol` and reports it.
+fn check(name: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{name}: lengths");
+    let mut max_abs = 0.0f32;
+    let mut worst = 0;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        if d > max_abs || d.is_nan() {
+            max_abs = if d.is_nan() { f32::INFINITY } else { d };
+            worst = i;
+        }
+    }
+    let scale = want
+        .iter()
+        .fold(0.0f32, |m, v| m.max(v.abs()))
+        .max(f32::MIN_POSITIVE);
+    let rel = max_abs / scale;
+    println!("PARITY {name} max_abs={max_abs:.3e} rel={rel:.3e} tol={tol:.0e}");
+    assert!(
+        rel <= tol,
+        "{name}: rel {rel:e} > {tol:e} (max |diff| {max_abs:e} at {worst}: gpu {} cpu {})",
+        got[worst],
+        want[worst]
+    );
+    rel
+}
+
+const TYPES: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tensors_copy_row_to_host() {
+    let g = gpu(Numerics::Production);
+    let mut rng = Rng::new(1);
+    let a = rng.vec(5 * 96, 3.0);
+    let t = g.tensor_from(5, 96, &a);
+    assert_eq!(g.dims(&t), (5, 96));
+    assert_eq!(g.to_host(&t), a);
+    let mut d = g.tensor(3, 96);
+    g.copy_row(&t, 4, &mut d, 1);
+    let h = g.to_host(&d);
+    assert!(h[..96].iter().all(|&v| v == 0.0));
+    assert_eq!(&h[96..192], &a[4 * 96..5 * 96]);
+    println!("PARITY copy_row max_abs=0 rel=0 tol=0");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn embed_every_type() {
+    let (g, c) = (gpu(Numerics::Production), CpuBackend::new());
+    let mut rng = Rng::new(2);
+    let (rows, cols) = (37, 512);
+    let ids = [0u32, 36, 5, 5, 17, 2];
+    for ty in TYPES {
+        let bytes = weight_bytes(ty, rows, cols, &mut rng);
+        let (wg, wc) = (
+            bind(g, "tok", ty, rows, cols, &bytes),
+            bind(&c, "tok", ty, rows, cols, &bytes),
+        );
+        let (mut og, mut oc) = (g.tensor(ids.len(), cols), c.tensor(ids.len(), cols));
+        g.embed(&wg, &ids, &mut og).unwrap();
+        c.embed(&wc, &ids, &mut oc).unwrap();
+        check(
+            &format!("embed_{}", ty.name()),
+            &g.to_host(&og),
+            &oc.data,
+            0.0,
+        );
+    }
+    let bytes = weight_bytes(GgmlType::Q8_0, rows, cols, &mut rng);
+    let w = bind(g, "tok", GgmlType::Q8_0, rows, cols, &bytes);
+    assert!(
+        g.embed(&w, &[37], &mut g.tensor(1, cols)).is_err(),
+        "id past the vocabulary"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rms_norm_rows() {
+    let (g, c) = (gpu(Numerics::Production), CpuBackend::new());
+    let mut rng = Rng::new(3);
+    for (rows, cols) in [(1, 4096), (7, 576), (3, 64)] {
+        let x = rng.vec(rows * cols, 4.0);
+        let w: Vec<u8> = rng
+            .vec(cols, 2.0)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let (wg, wc) = (
+            bind(g, "norm", GgmlType::F32, 1, cols, &w),
+            bind(&c, "norm", GgmlType::F32, 1, cols, &w),
+        );
+        let (xg, xc) = (g.tensor_from(rows, cols, &x), c.tensor_from(rows, cols, &x));
+        let (mut og, mut oc) = (g.tensor(rows, cols), c.tensor(rows, cols));
+        g.rms_norm(&xg, &wg, 1e-5, &mut og);
+        c.rms_norm(&xc, &wc, 1e-5, &mut oc);
+        check(
+            &format!("rms_norm_{rows}x{cols}"),
+            &g.to_host(&og),
+            &oc.data,
+            1e-6,
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rope_normal_and_neox() {
+    let (g, c) = (gpu(Numerics::Production), CpuBackend::new());
+    let mut rng = Rng::new(4);
+    let (rows, hd, heads) = (6, 128, 4);
+    let positions = [0u32, 1, 7, 300, 4095, 70000];
+    for (mode, n_rot, base, scale) in [
+        (RopeMode::Normal, 128, 10000.0, 1.0),
+        (RopeMode::Neox, 128, 1_000_000.0, 1.0),
+        (RopeMode::Neox, 64, 10000.0, 0.25),
+        (RopeMode::Normal, 96, 500000.0, 0.5),
+    ] {
+        let cfg = RopeConfig {
+            mode,
+            n_rot,
+            freq_base: base,
+            freq_scale: scale,
+        };
+        let x = rng.vec(rows * hd * heads, 2.0);
+        let (mut xg, mut xc) = (
+            g.tensor_from(rows, hd * heads, &x),
+            c.tensor_from(rows, hd * heads, &x),
+        );
+        g.rope(&mut xg, &positions, hd, &cfg);
+        c.rope(&mut xc, &positions, hd, &cfg);
+        // f64 sin/cos of CUDA's libdevice and Rust's libm may differ in the
+        // last f64 bit, which can flip an f32 rounding.
+        check(
+            &format!("rope_{mode:?}_rot{n_rot}"),
+            &g.to_host(&xg),
+            &xc.data,
+            1e-6,
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swiglu_and_add() {
+    let (g, c) = (gpu(Numerics::Production), CpuBackend::new());
+    let mut rng = Rng::new(5);
+    let (rows, cols) = (9, 1000);
+    let (a, b) = (rng.vec(rows * cols, 8.0), rng.vec(rows * cols, 3.0));
+    let (ag, bg) = (g.tensor_from(rows, cols, &a), g.tensor_from(rows, cols, &b));
+    let (ac, bc) = (c.tensor_from(rows, cols, &a), c.tensor_from(rows, cols, &b));
+    let (mut og, mut oc) = (g.tensor(rows, cols), c.tensor(rows, cols));
+    g.swiglu(&ag, &bg, &mut og);
+    c.swiglu(&ac, &bc, &mut oc);
+    // expf of CUDA and of Rust's libm may differ by an ulp.
+    check("swiglu", &g.to_host(&og), &oc.data, 1e-6);
+    let (mut xg, mut xc) = (g.tensor_from(rows, cols, &a), c.tensor_from(rows, cols, &a));
+    g.add_assign(&mut xg, &bg);
+    c.add_assign(&mut xc, &bc);
+    check("add_assign", &g.to_host(&xg), &xc.data, 0.0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn argmax_rows_first_on_ties() {
+    let g = gpu(Numerics::Production);
+    let mut rng = Rng::new(6);
+    let (rows, cols) = (4, 50_000);
+    let mut x = rng.vec(rows * cols, 10.0);
+    x[cols + 777] = 20.0;
+    x[cols + 30_000] = 20.0;
+    x[2 * cols + 49_999] = 50.0;
+    let got = g.argmax_rows(&g.tensor_from(rows, cols, &x)).unwrap();
+    let want: Vec<u32> = x
+        .chunks(cols)
+        .map(|r| ds4_kernels::cpu::sampling::argmax(r).unwrap() as u32)
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(got[1], 777);
+    println!("PARITY argmax max_abs=0 rel=0 tol=0");
+}
+
+fn matmul_case(
+    numerics: Numerics,
+    ty: GgmlType,
+    n_out: usize,
+    n_in: usize,
+    n_tok: usize,
+    seed: u64,
+) -> f32 {
+    let g = gpu(numerics);
+    let c = CpuBackend::with_numerics(numerics);
+    let mut rng = Rng::new(seed);
+    let bytes = weight_bytes(ty, n_out, n_in, &mut rng);
+    let (wg, wc) = (
+        bind(g, "w", ty, n_out, n_in, &bytes),
+        bind(&c, "w", ty, n_out, n_in, &bytes),
+    );
+    let x = rng.vec(n_tok * n_in, 2.0);
+    let (xg, xc) = (
+        g.tensor_from(n_tok, n_in, &x),
+        c.tensor_from(n_tok, n_in, &x),
+    );
+    let (mut og, mut oc) = (g.tensor(n_tok, n_out), c.tensor(n_tok, n_out));
+    g.matmul(&wg, &xg, &mut og).unwrap();
+    c.matmul(&wc, &xc, &mut oc).unwrap();
+    let path = if numerics == Numerics::Exact || !ty.is_quantized() {
+        "float"
+    } else if n_tok > 1 && g.tensor_cores() {
+        "mma"
+    } else {
+        "dp4a"
+    };
+    check(
+        &format!(
+            "matmul_{numerics:?}_{path}_{}_{n_out}x{n_in}_tok{n_tok}",
+            ty.name()
+        ),
+        &g.to_host(&og),
+        &oc.data,
+        1e-5,
+    )
+}
+
+fn matmul_all(numerics: Numerics, tensor_cores: bool) {
+    gpu(numerics).set_tensor_cores(tensor_cores);
+    let mut failed = Vec::new();
+    for (i, ty) in TYPES.into_iter().enumerate() {
+        for (n_out, n_in, n_tok) in [
+            (67, 2048, 1),
+            (67, 2048, 13),
+            (256, 4096, 1),
+            (5, 256, 9),
+            (130, 1024, 70),
+        ] {
+            let r = std::panic::catch_unwind(|| {
+                matmul_case(numerics, ty, n_out, n_in, n_tok, 100 + i as u64)
+            });
+            if r.is_err() {
+                failed.push(format!("{} {n_out}x{n_in} tok{n_tok}", ty.name()));
+            }
+        }
+    }
+    gpu(numerics).set_tensor_cores(true);
+    assert!(failed.is_empty(), "failed: {failed:?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn matmul_every_type_production() {
+    matmul_all(Numerics::Production, true);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn matmul_every_type_production_dp4a() {
+    matmul_all(Numerics::Production, false);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn matmul_every_type_exact() {
+    matmul_all(Numerics::Exact, true);
+}
+
+/// Three sequences in one batch with non-contiguous block tables: a
+/// prefill step, a mixed decode / chunked-prefill step, then the GPU pool
+/// rebuilt from the CPU pool's bytes (kv_read_block -> kv_write_block) and
+/// one more step; outputs and every block's bytes compared.
+fn paged_attention(numerics: Numerics, n_head: usize, n_head_kv: usize, hd: usize) {
+    let g = gpu(numerics);
+    let c = CpuBackend::with_numerics(numerics);
+    let mut rng = Rng::new(7 + hd as u64);
+    let pcfg = KvPoolConfig {
+        n_layer: 2,
+        kv_dim: n_head_kv * hd,
+        block_size: 16,
+        n_blocks: 64,
+    };
+    let acfg = AttentionConfig {
+        n_head,
+        n_head_kv,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let (mut pg, mut pc) = (g.kv_pool(pcfg).unwrap(), c.kv_pool(pcfg).unwrap());
+    assert_eq!(g.kv_dtype(&pg), c.kv_dtype(&pc));
+    // C is long enough for the decode steps to split its positions.
+    let tables: [&[u32]; 3] = [
+        &[5, 17, 2],
+        &[9, 31],
+        &[
+            30, 1, 12, 22, 40, 33, 3, 50, 61, 7, 8, 45, 19, 26, 55, 36, 14,
+        ],
+    ];
+    // (n_rows, pos) of sequences A, B, C per step; `orders` lays their
+    // rows out A B C, then B A C, then C B A.
+    let steps: [[(usize, usize); 3]; 3] = [
+        [(20, 0), (7, 0), (250, 0)],
+        [(1, 20), (3, 7), (1, 250)],
+        [(1, 21), (1, 10), (2, 251)],
+    ];
+    let orders: [[usize; 3]; 3] = [[0, 1, 2], [1, 0, 2], [2, 1, 0]];
+    let tag = format!("{numerics:?}_h{n_head}_kv{n_head_kv}_d{hd}");
+    for (step, (shape, order)) in steps.iter().zip(&orders).enumerate() {
+        if step == 2 {
+            // Rebuild the GPU pool from the CPU's bytes.
+            pg = g.kv_pool(pcfg).unwrap();
+            let mut buf = vec![0u8; pcfg.block_bytes(c.kv_dtype(&pc))];
+            for b in 0..pcfg.n_blocks as u32 {
+                c.kv_read_block(&pc, b, &mut buf).unwrap();
+                g.kv_write_block(&mut pg, b, &buf).unwrap();
+            }
+        }
+        let n: usize = shape.iter().map(|s| s.0).sum();
+        let mut seqs = Vec::new();
+        let mut row = 0;
+        for &s in order {
+            seqs.push(KvSeq {
+                blocks: tables[s],
+                row,
+                n_rows: shape[s].0,
+                pos: shape[s].1,
+            });
+            row += shape[s].0;
+        }
+        let q = rng.vec(n * n_head * hd, 1.5);
+        let k = rng.vec(n * n_head_kv * hd, 1.5);
+        let v = rng.vec(n * n_head_kv * hd, 1.5);
+        let (qd, kd) = (n_head * hd, n_head_kv * hd);
+        let (qg, kg, vg) = (
+            g.tensor_from(n, qd, &q),
+            g.tensor_from(n, kd, &k),
+            g.tensor_from(n, kd, &v),
+        );
+        let (qc, kc, vc) = (
+            c.tensor_from(n, qd, &q),
+            c.tensor_from(n, kd, &k),
+            c.tensor_from(n, kd, &v),
+        );
+        let (mut og, mut oc) = (g.tensor(n, qd), c.tensor(n, qd));
+        g.attention(&qg, &kg, &vg, &mut pg, 1, &seqs, &acfg, &mut og)
+            .unwrap();
+        c.attention(&qc, &kc, &vc, &mut pc, 1, &seqs, &acfg, &mut oc)
+            .unwrap();
+        check(
+            &format!("attention_{tag}_step{step}"),
+            &g.to_host(&og),
+            &oc.data,
+            1e-5,
+        );
+    }
+    let bb = pcfg.block_bytes(g.kv_dtype(&pg));
+    let (mut a, mut b) = (vec![0u8; bb], vec![0u8; bb]);
+    for blk in 0..pcfg.n_blocks as u32 {
+        g.kv_read_block(&pg, blk, &mut a).unwrap();
+        c.kv_read_block(&pc, blk, &mut b).unwrap();
+        assert!(a == b, "{tag}: KV block {blk} bytes differ");
+    }
+    println!("PARITY kv_blocks_{tag} max_abs=0 rel=0 tol=0");
+    // A table too short for the positions is refused.
+    let seqs = [KvSeq {
+        blocks: &[3],
+        row: 0,
+        n_rows: 1,
+        pos: 16,
+    }];
+    let t = g.tensor(1, n_head * hd);
+    let kv = g.tensor(1, n_head_kv * hd);
+    let mut o = g.tensor(1, n_head * hd);
+    assert!(g
+        .attention(&t, &kv, &kv, &mut pg, 0, &seqs, &acfg, &mut o)
+        .is_err());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn paged_attention_production_f16() {
+    paged_attention(Numerics::Production, 8, 2, 64);
+    paged_attention(Numerics::Production, 4, 4, 128);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn paged_attention_exact_f32() {
+    paged_attention(Numerics::Exact, 8, 2, 64);
+    paged_attention(Numerics::Exact, 6, 1, 192);
+}
