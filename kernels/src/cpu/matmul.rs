@@ -5,7 +5,9 @@
 //! is one block-wise dot product of a weight row with an activation row.
 //! Exact numerics dequantize each weight row to f32 and use unrounded
 //! activations. Either way work is split over weight rows, so each weight
-//! byte is read once per call, whatever the number of tokens.
+//! byte is read once per call, whatever the number of tokens. Several
+//! tokens go through [`quant::gemm`], a register-tiled kernel that gives
+//! the same bits as one `vec_dot` per (weight row, token).
 
 use rayon::prelude::*;
 
@@ -14,7 +16,7 @@ use super::{CpuTensor, CpuWeight};
 use crate::backend::BackendError;
 use crate::quant;
 
-/// Weight rows per parallel task.
+/// Weight rows per parallel task (single-token and exact paths).
 const ROWS_PER_TASK: usize = 32;
 
 fn check(w: &CpuWeight, x: &CpuTensor, out: &CpuTensor) -> Result<(), BackendError> {
@@ -44,16 +46,22 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
             ),
         })?;
     let mut act = vec![0u8; act_row * x.rows];
+    // Bit-identical to `quantize_row`, vectorized for Q8_0/Q8_1.
     let quantize = |(src, dst): (&[f32], &mut [u8])| {
-        quant::quantize_row(act_type, src, dst).expect("activation formats always quantize");
+        quant::quantize_act_row(act_type, src, dst).expect("activation formats always quantize");
     };
-    if x.rows > 1 {
+    if x.rows <= 1 {
+        quantize((&x.data, &mut act));
+    } else if x.data.len() >= PARALLEL_QUANTIZE {
         x.data
             .par_chunks(x.cols)
             .zip(act.par_chunks_mut(act_row))
             .for_each(quantize);
     } else {
-        quantize((&x.data, &mut act));
+        x.data
+            .chunks(x.cols)
+            .zip(act.chunks_mut(act_row))
+            .for_each(quantize);
     }
 
     let (n, k, ty) = (x.rows, x.cols, w.ggml_type);
@@ -69,25 +77,55 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
             });
         return Ok(());
     }
-    let act_of = |r: usize| &act[r * act_row..(r + 1) * act_row];
-    by_weight_rows(w, n, out, |wrow, col| {
-        // Four tokens at a time share each unpacked weight block.
-        let mut r = 0;
-        while r + 4 <= n {
-            let four = quant::vec_dot_x4(
-                ty,
-                k,
-                wrow,
-                [act_of(r), act_of(r + 1), act_of(r + 2), act_of(r + 3)],
-            );
-            col[r..r + 4].copy_from_slice(&four);
-            r += 4;
+    // Tasks own blocks of weight rows (each weight byte is read once per
+    // call) and fill a `[n, rows]` panel each with the tiled kernel, which
+    // is bit-identical to a `vec_dot` per (weight row, token) pair, so a
+    // token's output does not depend on the batch it is in.
+    if n == 0 || w.rows == 0 || k == 0 {
+        out.data.fill(0.0);
+        return Ok(());
+    }
+    let (m, wrow) = (w.rows, w.row_bytes);
+    let rows = rows_per_task(m);
+    let bytes = w.bytes.as_slice();
+    let mut panels = vec![0.0f32; m * n];
+    panels
+        .par_chunks_mut(rows * n)
+        .enumerate()
+        .for_each(|(task, panel)| {
+            let (base, len) = (task * rows, panel.len() / n);
+            let w = &bytes[base * wrow..(base + len) * wrow];
+            quant::gemm(ty, k, w, &act, panel, len);
+        });
+    // Output row r is the concatenation of every panel's row r.
+    let gather = |(r, dst): (usize, &mut [f32])| {
+        for (task, dst) in dst.chunks_mut(rows).enumerate() {
+            let len = dst.len();
+            let panel = &panels[task * rows * n..];
+            dst.copy_from_slice(&panel[r * len..(r + 1) * len]);
         }
-        for (i, o) in col[r..].iter_mut().enumerate() {
-            *o = quant::vec_dot(ty, k, wrow, act_of(r + i));
-        }
-    });
+    };
+    if m * n >= PARALLEL_GATHER {
+        out.data.par_chunks_mut(m).enumerate().for_each(gather);
+    } else {
+        out.data.chunks_mut(m).enumerate().for_each(gather);
+    }
     Ok(())
+}
+
+/// Outputs from which the panels are gathered into `out` in parallel.
+const PARALLEL_GATHER: usize = 1 << 16;
+
+/// Activation values from which they are quantized in parallel (below,
+/// a rayon dispatch costs more than the vectorized quantization).
+const PARALLEL_QUANTIZE: usize = 1 << 15;
+
+/// Weight rows per task of the multi-row path: about four tasks per
+/// thread (for balance), at least 16 rows (for the per-task set-up) and
+/// at most 256 (so the activations swept stay cache-resident).
+fn rows_per_task(m: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    m.div_ceil(4 * threads).clamp(16, 256).next_multiple_of(8)
 }
 
 /// Exact numerics: each weight row dequantized to f32, f32 dot products
@@ -133,6 +171,91 @@ fn by_weight_rows(
     for (i, col) in t.chunks(n).enumerate() {
         for (r, &v) in col.iter().enumerate() {
             out.data[r * w.rows + i] = v;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::HostBytes;
+    use crate::quant::GgmlType;
+
+    /// Deterministic pseudo-random floats in [-scale, scale).
+    fn floats(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> CpuWeight {
+        let row_bytes = ty.row_bytes(cols).expect("whole blocks");
+        let mut bytes = vec![0u8; rows * row_bytes];
+        let f = floats(seed, rows * cols, 1.0);
+        for (src, dst) in f.chunks(cols).zip(bytes.chunks_mut(row_bytes)) {
+            quant::quantize_row(ty, src, dst).expect("quantizable");
+        }
+        CpuWeight {
+            name: format!("w.{ty}"),
+            ggml_type: ty,
+            rows,
+            cols,
+            row_bytes,
+            bytes: HostBytes::from_vec(bytes),
+            dense: None,
+        }
+    }
+
+    /// The production matmul of n tokens gives, bit for bit, one
+    /// `vec_dot` per (weight row, token) — what each token gets alone —
+    /// for 1..=17 tokens, several widths and row counts (tails of tasks
+    /// and tiles included).
+    #[test]
+    fn matmul_is_bit_identical_to_vec_dot_per_pair() {
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::F16,
+        ] {
+            let at = ty.vec_dot_type();
+            for (t, &k) in [32usize, 96, 576, 1536].iter().enumerate() {
+                for n in 1..=17usize {
+                    let m = [1, 7, 45, 192, 301][(n + t) % 5];
+                    let seed = (n * 977 + k * 13 + ty as usize) as u64;
+                    let w = weight(ty, m, k, seed);
+                    let x = CpuTensor {
+                        rows: n,
+                        cols: k,
+                        data: floats(seed ^ 0xabc, n * k, 4.0),
+                    };
+                    let mut out = CpuTensor {
+                        rows: n,
+                        cols: m,
+                        data: vec![f32::NAN; n * m],
+                    };
+                    matmul(&w, &x, &mut out).expect("shapes match");
+                    let mut act = vec![0u8; at.row_bytes(k).unwrap()];
+                    for r in 0..n {
+                        quant::quantize_row(at, x.row(r), &mut act).unwrap();
+                        for i in 0..m {
+                            let want = quant::vec_dot(ty, k, w.row(i), &act);
+                            let got = out.data[r * m + i];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{ty} k={k} m={m} n={n} token {r} row {i}: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }
