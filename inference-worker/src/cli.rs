@@ -18,9 +18,64 @@ pub struct ModelArgs {
     /// CPU threads for compute (default: one per core).
     #[arg(short = 't', long, env = "DS4_THREADS")]
     pub threads: Option<usize>,
+    /// Where to compute: `auto` (the first CUDA GPU when one is usable,
+    /// else the CPU, with a log line saying why), `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, env = "DS4_DEVICE", default_value = "auto")]
+    pub device: String,
+}
+
+/// The compute backend chosen by `--device`.
+pub enum Device {
+    Cpu(ds4_kernels::CpuBackend),
+    Cuda(Box<ds4_kernels::cuda::CudaBackend>),
+}
+
+impl Device {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Device::Cpu(_) => "cpu",
+            Device::Cuda(_) => "cuda",
+        }
+    }
 }
 
 impl ModelArgs {
+    /// Open the backend `--device` asks for.
+    pub fn open_device(&self) -> anyhow::Result<Device> {
+        use ds4_kernels::cuda::CudaBackend;
+        use ds4_kernels::{CpuBackend, Numerics};
+        let cuda = |ordinal: usize| {
+            CudaBackend::new(ordinal, Numerics::Production).map(|be| {
+                let s = be.compile_stats();
+                tracing::info!(
+                    ordinal,
+                    arch = be.arch(),
+                    kernels_compiled = s.compiled,
+                    kernels_cached = s.cached,
+                    "computing on CUDA"
+                );
+                Device::Cuda(Box::new(be))
+            })
+        };
+        match self.device.as_str() {
+            "cpu" => Ok(Device::Cpu(CpuBackend::new())),
+            "auto" => Ok(cuda(0).unwrap_or_else(|e| {
+                tracing::info!(reason = %e, "no usable CUDA device; computing on the CPU");
+                Device::Cpu(CpuBackend::new())
+            })),
+            "cuda" => Ok(cuda(0)?),
+            other => {
+                let ordinal = other
+                    .strip_prefix("cuda:")
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("--device {other:?}: expected auto, cpu, cuda or cuda:N")
+                    })?;
+                Ok(cuda(ordinal)?)
+            }
+        }
+    }
+
     /// Size the compute thread pool; call once, before any compute.
     pub fn init_threads(&self) {
         if let Some(n) = self.threads.filter(|&n| n > 0) {

@@ -23,7 +23,7 @@ pub struct Delimiters {
 /// The reasoning delimiters of `family`, if it has any.
 pub fn delimiters_for(family: Family) -> Option<Delimiters> {
     match family {
-        Family::Llama => None,
+        Family::Llama | Family::Qwen2 => None,
         Family::DeepSeek4 => Some(DEEPSEEK4),
     }
 }

@@ -149,22 +149,46 @@ impl<B: Backend> LoadedModel<B> {
             path: path.into(),
             source,
         })?;
+        // Where the bytes come from: a device backend reads the file's own
+        // mapping (it uploads) or binds the owner's device regions in place;
+        // the CPU backend computes from host regions placed like the owner's.
+        let file_mapping = || {
+            let src = ds4_model::families::TensorSource::from_file(file);
+            file.tensors()
+                .iter()
+                .map(|t| (t.name.clone(), src.bytes(t)))
+                .collect()
+        };
+        let weights_error = |source| LoadError::Weights {
+            path: path.into(),
+            source: Box::new(source),
+        };
+        let mut device = std::collections::HashMap::new();
         let bytes = match weights {
+            WeightBytes::Standalone if backend.device_resident() => file_mapping(),
             WeightBytes::Standalone => crate::weights::standalone(file),
-            WeightBytes::Attached(att) => {
-                att.host_bytes().map_err(|source| LoadError::Weights {
-                    path: path.into(),
-                    source: Box::new(source),
-                })?
+            WeightBytes::Attached(att) if backend.device_resident() => {
+                device = att.device_bytes().map_err(weights_error)?;
+                if device.is_empty() {
+                    att.host_bytes().map_err(weights_error)?
+                } else {
+                    file_mapping()
+                }
             }
+            WeightBytes::Attached(att) => att.host_bytes().map_err(weights_error)?,
         };
         let kv_identity = kv_identity(file, &bytes);
-        let model = Model::load_with(file, &backend, |t| {
-            bytes
-                .get(&t.name)
-                .cloned()
-                .ok_or("no bytes were placed for this tensor")
-        })
+        let model = Model::load_with(
+            file,
+            &backend,
+            |t| {
+                bytes
+                    .get(&t.name)
+                    .cloned()
+                    .ok_or("no bytes were placed for this tensor")
+            },
+            device,
+        )
         .map_err(|source| LoadError::Model {
             path: path.into(),
             source,

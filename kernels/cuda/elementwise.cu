@@ -44,6 +44,12 @@ extern "C" __global__ void add_assign(float* x, const float* y, u64 n) {
     if (i < n) x[i] = __fadd_rn(x[i], y[i]);
 }
 
+// x[r][c] += bias[c] over a row-major [n / cols, cols] matrix.
+extern "C" __global__ void add_bias(float* x, const float* bias, u64 n, u64 cols) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fadd_rn(x[i], bias[i % cols]);
+}
+
 // In-place rotary embedding; one thread per (row, head, pair).
 // mode 0: normal (pairs 2i, 2i+1); 1: neox (pairs i, i + n_rot/2).
 extern "C" __global__ void rope(float* x, const u32* pos, int rows, int cols, int head_dim, int n_rot,

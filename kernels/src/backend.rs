@@ -71,6 +71,63 @@ impl std::fmt::Debug for HostBytes {
     }
 }
 
+/// Bytes of a weight already in GPU memory (imported from the weight
+/// owner), which a GPU backend binds in place instead of uploading.
+#[derive(Clone)]
+pub struct DeviceBytes {
+    ptr: u64,
+    len: usize,
+    owner: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl DeviceBytes {
+    /// # Safety
+    /// `ptr .. ptr + len` must be device memory readable in the primary
+    /// context of the device the binding backend runs on, holding the
+    /// tensor's GGUF bytes, mapped and unchanged while `owner` lives.
+    #[allow(unsafe_code)]
+    pub unsafe fn new(
+        ptr: u64,
+        len: usize,
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> DeviceBytes {
+        DeviceBytes { ptr, len, owner }
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `self[start .. start + len]`; `None` when out of range.
+    pub fn slice(&self, start: usize, len: usize) -> Option<DeviceBytes> {
+        let end = start.checked_add(len)?;
+        (end <= self.len).then(|| DeviceBytes {
+            ptr: self.ptr + start as u64,
+            len,
+            owner: self.owner.clone(),
+        })
+    }
+
+    /// What keeps the memory mapped.
+    pub fn owner(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+        self.owner.clone()
+    }
+}
+
+impl std::fmt::Debug for DeviceBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBytes({} bytes at {:#x})", self.len, self.ptr)
+    }
+}
+
 /// A weight as the model file stores it, to be bound by a backend.
 #[derive(Clone, Debug)]
 pub struct WeightSource {
@@ -80,6 +137,10 @@ pub struct WeightSource {
     pub rows: usize,
     pub cols: usize,
     pub bytes: HostBytes,
+    /// The same bytes in GPU memory, when the weight owner placed them
+    /// there (a GPU backend binds them in place; the CPU backend reads
+    /// `bytes`).
+    pub device: Option<DeviceBytes>,
 }
 
 /// How faithfully a backend rounds.
@@ -213,6 +274,13 @@ pub trait Backend: Send + Sync {
         Numerics::Production
     }
 
+    /// Whether weights live in device memory (bound from
+    /// [`WeightSource::device`] in place, or uploaded); host-memory
+    /// backends read [`WeightSource::bytes`].
+    fn device_resident(&self) -> bool {
+        false
+    }
+
     /// Run `f` (a whole forward pass) where the backend's ops run best:
     /// the CPU backend runs it on one of its compute threads, so that
     /// sequential ops do not compete with idle workers for cores.
@@ -294,4 +362,7 @@ pub trait Backend: Send + Sync {
     fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor, out: &mut Self::Tensor);
     /// `x += y`, element-wise.
     fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor);
+    /// `x[r] += bias` for every row `r` (a one-row f32 weight as wide as
+    /// `x`: the q/k/v biases of qwen2).
+    fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Weight);
 }

@@ -117,6 +117,7 @@ fn bind<B: Backend>(
         rows,
         cols,
         bytes: HostBytes::from_vec(bytes.to_vec()),
+        device: None,
     })
     .unwrap_or_else(|e| panic!("bind {name}: {e}"))
 }
@@ -292,6 +293,35 @@ fn swiglu_and_add() {
     g.add_assign(&mut xg, &bg);
     c.add_assign(&mut xc, &bc);
     check("add_assign", &g.to_host(&xg), &xc.data, 0.0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn add_bias_rows() {
+    let (g, c) = (gpu(Numerics::Production), CpuBackend::new());
+    let mut rng = Rng::new(8);
+    for (rows, cols) in [(1, 3584), (9, 512), (5, 96)] {
+        let x = rng.vec(rows * cols, 8.0);
+        let bias: Vec<u8> = rng
+            .vec(cols, 3.0)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let (bg, bc) = (
+            bind(g, "bias", GgmlType::F32, 1, cols, &bias),
+            bind(&c, "bias", GgmlType::F32, 1, cols, &bias),
+        );
+        let (mut xg, mut xc) = (g.tensor_from(rows, cols, &x), c.tensor_from(rows, cols, &x));
+        g.add_bias(&mut xg, &bg);
+        c.add_bias(&mut xc, &bc);
+        assert_ne!(xc.data, x, "the bias changed the rows");
+        check(
+            &format!("add_bias_{rows}x{cols}"),
+            &g.to_host(&xg),
+            &xc.data,
+            0.0,
+        );
+    }
 }
 
 #[test]

@@ -58,6 +58,7 @@ fn weight(
         rows,
         cols,
         bytes: HostBytes::from_vec(bytes),
+        device: None,
     })
     .unwrap()
 }

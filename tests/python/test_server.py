@@ -39,7 +39,8 @@ def test_metrics_move_with_requests(server):
     assert after["ds4_generated_tokens_total"] >= before.get("ds4_generated_tokens_total", 0) + 4
     assert after["ds4_prompt_tokens_total"] >= before.get("ds4_prompt_tokens_total", 0) + 42
     assert after["ds4_time_to_first_token_seconds_count"] >= 1
-    assert after["ds4_kv_tokens_capacity"] == 1024
+    # The paged KV pool holds --max-seqs (16) full 1024-token contexts.
+    assert after["ds4_kv_tokens_capacity"] == 16 * 1024
     assert "ds4_queue_depth" in after and "ds4_active_sequences" in after
 
     status, headers, body = server.get("/v1/stats", {"Accept": "application/json"})

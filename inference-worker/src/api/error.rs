@@ -182,7 +182,10 @@ impl ApiError {
 
     fn respond(self, body: serde_json::Value) -> Response {
         let status = self.status();
-        if status.is_server_error() {
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // Load shedding, not a fault: the client retries.
+            tracing::warn!(error = %self, reason = self.reason(), "request refused");
+        } else if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         } else {
             tracing::info!(error = %self, status = status.as_u16(), "request refused");

@@ -5,11 +5,11 @@
 use std::time::Instant;
 
 use clap::Parser;
-use ds4_inference_worker::cli::{init_logging, ModelArgs};
+use ds4_inference_worker::cli::{init_logging, Device, ModelArgs};
 use ds4_inference_worker::metrics::Metrics;
 use ds4_inference_worker::runtime::LoadedModel;
 use ds4_inference_worker::{bench, engine};
-use ds4_kernels::CpuBackend;
+use ds4_kernels::Backend;
 use ds4_model::Logits;
 use serde::Serialize;
 
@@ -97,7 +97,11 @@ fn filler(n: usize, vocab: u32) -> Vec<u32> {
         .collect()
 }
 
-fn engine_bench(cli: &Cli, lm: LoadedModel<CpuBackend>) -> anyhow::Result<()> {
+fn engine_bench<B: Backend + 'static>(cli: &Cli, lm: LoadedModel<B>) -> anyhow::Result<()>
+where
+    B::KvPool: 'static,
+    B::Weight: 'static,
+{
     let vocab = lm.model.info().n_vocab as u32;
     let text = match &cli.prompt_file {
         Some(p) => {
@@ -124,16 +128,19 @@ fn engine_bench(cli: &Cli, lm: LoadedModel<CpuBackend>) -> anyhow::Result<()> {
     };
     let model_id = lm.model_id.clone();
     let threads = rayon::current_num_threads();
+    let backend = lm.backend.name();
     let engine = engine::spawn(lm, cfg, std::sync::Arc::new(Metrics::new()))?;
     let h = &engine.handle;
     // Distinct leading tokens keep the runs from sharing cached prefixes.
     let mut marker = 2000u32;
     // Warm up (page in the weights, spin up the threads).
     bench::frontiers(h, &text, &[64], 8, &mut marker)?;
-    println!(
-        "model {model_id}, cpu backend, {threads} threads, {} generated tokens per request",
-        cli.gen
-    );
+    if !cli.json {
+        println!(
+            "model {model_id}, {backend} backend, {threads} threads, {} generated tokens per request",
+            cli.gen
+        );
+    }
     if !cli.frontiers.is_empty() {
         let rows = bench::frontiers(h, &text, &cli.frontiers, cli.gen, &mut marker)?;
         if cli.json {
@@ -215,9 +222,20 @@ fn main() -> anyhow::Result<()> {
     init_logging("warn");
     let cli = Cli::parse();
     cli.model.init_threads();
-    let lm = LoadedModel::open(&cli.model.model, CpuBackend::new(), None)?;
+    match cli.model.open_device()? {
+        Device::Cpu(be) => bench(&cli, be),
+        Device::Cuda(be) => bench(&cli, *be),
+    }
+}
+
+fn bench<B: Backend + 'static>(cli: &Cli, backend: B) -> anyhow::Result<()>
+where
+    B::KvPool: 'static,
+    B::Weight: 'static,
+{
+    let lm = LoadedModel::open(&cli.model.model, backend, None)?;
     if cli.engine_mode() {
-        return engine_bench(&cli, lm);
+        return engine_bench(cli, lm);
     }
     let vocab = lm.model.info().n_vocab as u32;
     let tokens = |n: usize| filler(n, vocab);
@@ -238,7 +256,7 @@ fn main() -> anyhow::Result<()> {
         }
         rows.push(Row {
             model: lm.model_id.clone(),
-            backend: "cpu",
+            backend: lm.backend.name(),
             threads: rayon::current_num_threads(),
             test: format!("pp{n}"),
             tokens_per_s: median(&mut samples.clone()),
@@ -260,7 +278,7 @@ fn main() -> anyhow::Result<()> {
         }
         rows.push(Row {
             model: lm.model_id.clone(),
-            backend: "cpu",
+            backend: lm.backend.name(),
             threads: rayon::current_num_threads(),
             test: format!("tg{n}"),
             tokens_per_s: median(&mut samples.clone()),

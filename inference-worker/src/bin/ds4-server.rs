@@ -6,11 +6,11 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use ds4_inference_worker::api::{router, AppState, ServerOptions};
-use ds4_inference_worker::cli::{init_logging, ModelArgs};
+use ds4_inference_worker::cli::{init_logging, Device, ModelArgs};
 use ds4_inference_worker::engine;
 use ds4_inference_worker::metrics::Metrics;
 use ds4_inference_worker::weights::{explicit_model, WeightsArgs};
-use ds4_kernels::CpuBackend;
+use ds4_kernels::Backend;
 
 /// Serve a GGUF model over HTTP: POST /v1/chat/completions, /v1/completions,
 /// /v1/responses, /v1/messages; GET /v1/models, /health, /metrics, /v1/stats.
@@ -83,13 +83,28 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     cli.model.init_threads();
+    match cli.model.open_device()? {
+        Device::Cpu(be) => serve(cli, explicit_model, be),
+        Device::Cuda(be) => serve(cli, explicit_model, *be),
+    }
+}
+
+fn serve<B: Backend + 'static>(
+    cli: Cli,
+    explicit_model: Option<std::path::PathBuf>,
+    backend: B,
+) -> anyhow::Result<()>
+where
+    B::KvPool: 'static,
+    B::Weight: 'static,
+{
     let addr: SocketAddr = format!("{}:{}", cli.host, cli.port)
         .parse()
         .with_context(|| format!("invalid listen address {}:{}", cli.host, cli.port))?;
     let (lm, weights) = cli.weights.load(
         &cli.model.model,
         explicit_model,
-        CpuBackend::new(),
+        backend,
         cli.model_id.clone(),
     )?;
     let info = lm.model.info().clone();
@@ -101,7 +116,7 @@ fn main() -> anyhow::Result<()> {
         layers = info.n_layer,
         vocab = info.n_vocab,
         ctx,
-        backend = "cpu",
+        backend = lm.backend.name(),
         threads = rayon::current_num_threads(),
         load_s = format!("{:.2}", lm.load_seconds),
         "model loaded"

@@ -31,7 +31,7 @@ pub enum ToolProtocol {
 impl ToolProtocol {
     pub fn for_family(family: Family) -> ToolProtocol {
         match family {
-            Family::Llama => ToolProtocol::Envelope,
+            Family::Llama | Family::Qwen2 => ToolProtocol::Envelope,
             Family::DeepSeek4 => ToolProtocol::Dsml,
         }
     }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ds4_kernels::HostBytes;
+use ds4_kernels::{DeviceBytes, HostBytes};
 use ds4_model::gguf::{GgufFile, TensorInfo};
 use ds4_proto::broker::{FdReply, FdRequest};
 use ds4_proto::client::{connect, ControlAddr};
@@ -98,12 +98,16 @@ pub struct AttachConfig {
 /// The imported memory.
 pub enum Imported {
     Host(Vec<Arc<sys::SealedMap>>),
-    /// Fields drop in order: the regions are unmapped before the device
-    /// releases its context.
-    Vmm {
-        regions: Vec<vmm::ImportedRegion>,
-        device: vmm::VmmDevice,
-    },
+    /// Shared with the weights a GPU backend binds in place, which keep it
+    /// mapped.
+    Vmm(Arc<VmmImport>),
+}
+
+/// Imported device regions. Fields drop in order: the regions are
+/// unmapped before the device releases its context.
+pub struct VmmImport {
+    pub regions: Vec<vmm::ImportedRegion>,
+    pub device: vmm::VmmDevice,
 }
 
 /// A live lease with its imported regions.
@@ -368,7 +372,7 @@ fn import(
                     })?;
                 regions.push(imported);
             }
-            Ok(Imported::Vmm { device, regions })
+            Ok(Imported::Vmm(Arc::new(VmmImport { regions, device })))
         }
     }
 }
@@ -418,6 +422,35 @@ impl Attachment {
                 hint: "serving from vmm regions needs the CUDA compute backend; start the owner with --backend host for CPU workers",
             });
         };
+        self.per_tensor(|e| {
+            let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = maps.get(e.region as usize)?.clone();
+            HostBytes::new(owner, e.offset as usize, e.bytes as usize)
+        })
+    }
+
+    /// For a `vmm` attachment: every tensor's bytes in device memory, bound
+    /// in place by the CUDA backend (the weights keep the regions mapped).
+    /// Empty for a `host` attachment.
+    pub fn device_bytes(
+        &self,
+    ) -> Result<std::collections::HashMap<String, DeviceBytes>, WeightsError> {
+        let Imported::Vmm(v) = &self.imported else {
+            return Ok(std::collections::HashMap::new());
+        };
+        self.per_tensor(|e| {
+            let owner: Arc<dyn std::any::Any + Send + Sync> = v.clone();
+            v.regions
+                .get(e.region as usize)?
+                .device_bytes(e.offset, e.bytes, owner)
+        })
+    }
+
+    /// `place` applied to every tensor of the model file's scope entry;
+    /// `None` means the entry does not fit its region.
+    fn per_tensor<T>(
+        &self,
+        place: impl Fn(&TensorEntry) -> Option<T>,
+    ) -> Result<std::collections::HashMap<String, T>, WeightsError> {
         let file = self.model_file()?;
         let index: std::collections::HashMap<&str, usize> = self
             .scope
@@ -429,24 +462,14 @@ impl Attachment {
         let mut out = std::collections::HashMap::new();
         for t in file.tensors() {
             let e = entry_checked(&self.scope, t, &index)?;
-            let map = maps
-                .get(e.region as usize)
-                .ok_or_else(|| WeightsError::Tensor {
-                    name: t.name.clone(),
-                    problem: format!("region {} does not exist", e.region),
-                })?;
-            let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = map.clone();
-            let bytes =
-                HostBytes::new(owner, e.offset as usize, e.bytes as usize).ok_or_else(|| {
-                    WeightsError::Tensor {
-                        name: t.name.clone(),
-                        problem: format!(
-                            "offset {} + {} bytes lies outside region {}",
-                            e.offset, e.bytes, e.region
-                        ),
-                    }
-                })?;
-            out.insert(t.name.clone(), bytes);
+            let placed = place(e).ok_or_else(|| WeightsError::Tensor {
+                name: t.name.clone(),
+                problem: format!(
+                    "offset {} + {} bytes lies outside region {} (or the region is missing)",
+                    e.offset, e.bytes, e.region
+                ),
+            })?;
+            out.insert(t.name.clone(), placed);
         }
         Ok(out)
     }
@@ -477,7 +500,8 @@ impl Attachment {
                         let at = e.offset as usize + start;
                         &(*maps[e.region as usize]).as_ref()[at..at + n]
                     }
-                    Imported::Vmm { device, regions } => {
+                    Imported::Vmm(v) => {
+                        let (device, regions) = (&v.device, &v.regions);
                         device
                             .read(
                                 &regions[e.region as usize],
@@ -523,7 +547,8 @@ impl Attachment {
                     Imported::Host(maps) => {
                         &(*maps[i]).as_ref()[start as usize..start as usize + n]
                     }
-                    Imported::Vmm { device, regions } => {
+                    Imported::Vmm(v) => {
+                        let (device, regions) = (&v.device, &v.regions);
                         device
                             .read(&regions[i], start, &mut buf[..n])
                             .map_err(|err| WeightsError::Import {

@@ -141,10 +141,10 @@ impl WeightsArgs {
             return Ok((LoadedModel::open(model_path, backend, model_id)?, None));
         };
         let session = self.session(&cfg)?;
-        if session.attachment.backend() == BackendKind::Vmm {
+        if session.attachment.backend() == BackendKind::Vmm && !backend.device_resident() {
             let compared = session.attachment.verify(4096)?;
             anyhow::bail!(
-                "vmm weights were imported and verified ({compared} sample bytes match the model file), but serving from device memory needs the CUDA compute backend, which this build does not have; use --weights-check to test an import, or start the owner with --backend host for CPU workers"
+                "vmm weights were imported and verified ({compared} sample bytes match the model file), but this worker computes on the CPU, which cannot read device memory; start it with --device cuda (needs a usable GPU), or start the owner with --backend host for CPU workers"
             );
         }
         let lm = LoadedModel::attached(&session.attachment, backend, model_id)?;

@@ -159,9 +159,28 @@ pub struct ImportedRegion {
 }
 
 impl ImportedRegion {
-    /// The device address (a kernel argument for a future CUDA backend).
+    /// The device address.
     pub fn device_ptr(&self) -> u64 {
         self.ptr
+    }
+
+    /// `len` bytes at `offset` of this region as weight bytes a GPU backend
+    /// binds in place; `keep` must keep this region mapped (it owns it).
+    /// `None` when the range is outside the region.
+    pub fn device_bytes(
+        &self,
+        offset: u64,
+        len: u64,
+        keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Option<ds4_kernels::DeviceBytes> {
+        let end = offset.checked_add(len)?;
+        if end > self.size as u64 {
+            return None;
+        }
+        // SAFETY: the range lies inside this region, imported and mapped
+        // readable in the device's primary context; `keep` owns the region,
+        // so it stays mapped while the bytes are in use.
+        Some(unsafe { ds4_kernels::DeviceBytes::new(self.ptr + offset, len as usize, keep) })
     }
 }
 

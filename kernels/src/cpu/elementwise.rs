@@ -1,5 +1,5 @@
 //! Element-wise and row-wise CPU ops: embedding gather, RMSNorm, SwiGLU,
-//! residual add.
+//! residual add, bias add.
 
 use rayon::prelude::*;
 
@@ -78,6 +78,16 @@ pub fn add_assign(x: &mut CpuTensor, y: &CpuTensor) {
     assert_eq!(x.data.len(), y.data.len(), "add_assign: shapes");
     for (a, &b) in x.data.iter_mut().zip(&y.data) {
         *a += b;
+    }
+}
+
+/// `x[r] += bias` for every row `r`.
+pub fn add_bias(x: &mut CpuTensor, bias: &[f32]) {
+    assert_eq!(bias.len(), x.cols, "add_bias: bias length");
+    for row in x.data.chunks_exact_mut(x.cols.max(1)) {
+        for (a, &b) in row.iter_mut().zip(bias) {
+            *a += b;
+        }
     }
 }
 

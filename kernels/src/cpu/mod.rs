@@ -259,4 +259,8 @@ impl Backend for CpuBackend {
     fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) {
         elementwise::add_assign(x, y);
     }
+
+    fn add_bias(&self, x: &mut CpuTensor, bias: &CpuWeight) {
+        elementwise::add_bias(x, bias.dense());
+    }
 }

@@ -118,18 +118,16 @@ pub fn attention(
     if q.rows == 0 {
         return Ok(());
     }
-    let info_d = be.upload(&info)?;
-    let tables_d = be.upload(&tables)?;
+    // Every layer of a forward pass has the same tables: uploaded once.
+    let (ip, tp) = (be.upload_cached(&info)?, be.upload_cached(&tables)?);
     let elem = pool.dtype.bytes();
     let block_elems = (pc.block_bytes(pool.dtype) / elem) as u64;
     let layer_off = (layer * 2 * bs * kv_dim) as u64;
-    let (qp, kp, vp, pp, ip, tp, op) = (
+    let (qp, kp, vp, pp, op) = (
         be.ptr(&q.buf),
         be.ptr(&k.buf),
         be.ptr(&v.buf),
         be.ptr(&pool.buf),
-        be.ptr(&info_d),
-        be.ptr(&tables_d),
         be.ptr(&out.buf),
     );
     let (kv_dim_i, bs_i) = (kv_dim as i32, bs as i32);

@@ -56,7 +56,14 @@ pub const SOURCES: &[KernelSource] = &[
         name: "elementwise",
         src: include_str!("../../cuda/elementwise.cu"),
         quant: false,
-        kernels: &["rms_norm", "swiglu", "add_assign", "rope", "argmax_rows"],
+        kernels: &[
+            "rms_norm",
+            "swiglu",
+            "add_assign",
+            "add_bias",
+            "rope",
+            "argmax_rows",
+        ],
     },
     KernelSource {
         name: "embed",

@@ -1,5 +1,5 @@
 //! Wrappers of `kernels/cuda/elementwise.cu`: RMSNorm, SwiGLU, residual
-//! add, RoPE, argmax.
+//! add, bias add, RoPE, argmax.
 
 use super::{CudaBackend, CudaTensor, CudaWeight};
 use crate::backend::{BackendError, RopeConfig, RopeMode};
@@ -61,6 +61,25 @@ pub fn add_assign(
     launch!(be, "add_assign", (blocks(n, 256), 1, 1), 256; &xp, &yp, &n64)
 }
 
+pub fn add_bias(
+    be: &CudaBackend,
+    x: &mut CudaTensor,
+    bias: &CudaWeight,
+) -> Result<(), BackendError> {
+    assert_eq!(bias.cols, x.cols, "add_bias: bias length");
+    let dense = bias
+        .dense
+        .as_ref()
+        .expect("element-wise weight is one row and bound dense");
+    let n = x.rows * x.cols;
+    if n == 0 {
+        return Ok(());
+    }
+    let (xp, bp) = (be.ptr(&x.buf), be.ptr(dense));
+    let (n64, cols) = (n as u64, x.cols as u64);
+    launch!(be, "add_bias", (blocks(n, 256), 1, 1), 256; &xp, &bp, &n64, &cols)
+}
+
 pub fn rope(
     be: &CudaBackend,
     x: &mut CudaTensor,
@@ -78,8 +97,7 @@ pub fn rope(
     if n == 0 {
         return Ok(());
     }
-    let pos = be.upload(positions)?;
-    let (xp, pp) = (be.ptr(&x.buf), be.ptr(&pos));
+    let (xp, pp) = (be.ptr(&x.buf), be.upload_cached(positions)?);
     let (rows, cols, hd, n_rot) = (
         x.rows as i32,
         x.cols as i32,

@@ -177,7 +177,14 @@ pub struct CudaBackend {
     stats: CompileStats,
     /// Batched quantized matmuls on int8 tensor cores (sm_80+).
     tensor_cores: AtomicBool,
+    /// Small index arrays uploaded recently (positions, attention tables),
+    /// by content: every layer of a forward pass uploads the same ones, and
+    /// a copy from pageable host memory stalls the host.
+    uploads: std::sync::Mutex<std::collections::VecDeque<(Vec<u8>, CudaSlice<u8>)>>,
 }
+
+/// Index arrays kept by [`CudaBackend::upload_cached`].
+const UPLOAD_CACHE: usize = 8;
 
 impl CudaBackend {
     /// Opens device `ordinal` (its primary context, so memory other code
@@ -185,6 +192,12 @@ impl CudaBackend {
     /// compiling with NVRTC for the device's compute capability unless the
     /// disk cache has it.
     pub fn new(ordinal: usize, numerics: Numerics) -> Result<CudaBackend, BackendError> {
+        // SAFETY: only tries to dlopen the driver library.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(BackendError::Device(
+                "the NVIDIA driver library (libcuda.so.1) is not installed".into(),
+            ));
+        }
         let ctx = CudaContext::new(ordinal).map_err(|e| dev_err("opening the CUDA device", e))?;
         // SAFETY: this backend issues all its work on one stream, so the
         // per-buffer events cudarc records for cross-stream ordering are
@@ -219,6 +232,7 @@ impl CudaBackend {
             funcs,
             stats,
             tensor_cores: AtomicBool::new(arch >= 80),
+            uploads: Default::default(),
         })
     }
 
@@ -362,6 +376,28 @@ impl CudaBackend {
         unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| dev_err("allocating scratch", e))
     }
 
+    /// The device address of a copy of `words` (32-bit values, e.g. token
+    /// positions or attention tables), reusing a recent upload of the same
+    /// content. The copy stays alive until evicted by later uploads;
+    /// freeing is ordered on the stream, after the kernels that read it.
+    fn upload_cached<T: Copy + Into<i64>>(&self, words: &[T]) -> Result<u64, BackendError> {
+        let key: Vec<u8> = words
+            .iter()
+            .flat_map(|&w| (w.into() as u32).to_le_bytes())
+            .collect();
+        let mut cache = self.uploads.lock().expect("upload cache");
+        if let Some((_, buf)) = cache.iter().find(|(k, _)| *k == key) {
+            return Ok(self.ptr(buf));
+        }
+        let buf = self.upload(&key)?;
+        let ptr = self.ptr(&buf);
+        if cache.len() == UPLOAD_CACHE {
+            cache.pop_front();
+        }
+        cache.push_back((key, buf));
+        Ok(ptr)
+    }
+
     fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, BackendError> {
         if data.is_empty() {
             return self.scratch(1);
@@ -424,6 +460,10 @@ impl Backend for CudaBackend {
         self.numerics
     }
 
+    fn device_resident(&self) -> bool {
+        true
+    }
+
     fn bind_weight(&self, src: WeightSource) -> Result<CudaWeight, BackendError> {
         let row_bytes = check_weight(
             &src.name,
@@ -432,6 +472,32 @@ impl Backend for CudaBackend {
             src.cols,
             src.bytes.len(),
         )?;
+        if let Some(dev) = &src.device {
+            if dev.len() != src.bytes.len() {
+                return Err(BackendError::BadWeight {
+                    name: src.name.clone(),
+                    problem: format!(
+                        "{} device bytes for a {}-byte tensor",
+                        dev.len(),
+                        src.bytes.len()
+                    ),
+                });
+            }
+            // SAFETY: `DeviceBytes::new`'s contract: readable device memory
+            // of this device's primary context holding the tensor's bytes,
+            // mapped while its owner (kept by the weight) lives.
+            return unsafe {
+                self.bind_weight_device(
+                    &src.name,
+                    src.ggml_type,
+                    src.rows,
+                    src.cols,
+                    dev.ptr(),
+                    dev.len(),
+                    dev.owner(),
+                )
+            };
+        }
         let buf = self.upload(src.bytes.as_slice())?;
         self.finish_weight(
             &src.name,
@@ -572,5 +638,9 @@ impl Backend for CudaBackend {
 
     fn add_assign(&self, x: &mut CudaTensor, y: &CudaTensor) {
         elementwise::add_assign(self, x, y).expect("CUDA add_assign");
+    }
+
+    fn add_bias(&self, x: &mut CudaTensor, bias: &CudaWeight) {
+        elementwise::add_bias(self, x, bias).expect("CUDA add_bias");
     }
 }

@@ -9,8 +9,9 @@
 mod contract;
 pub mod deepseek4;
 pub mod llama;
+pub mod qwen2;
 
-use ds4_kernels::{Backend, BackendError, HostBytes, KvPoolConfig, WeightSource};
+use ds4_kernels::{Backend, BackendError, DeviceBytes, HostBytes, KvPoolConfig, WeightSource};
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 pub use contract::{check_inventory, ExpectedTensor};
@@ -19,6 +20,8 @@ pub use contract::{check_inventory, ExpectedTensor};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Family {
     Llama,
+    /// llama's layout with q/k/v biases and NeoX RoPE (run by the llama code).
+    Qwen2,
     DeepSeek4,
 }
 
@@ -38,6 +41,11 @@ pub static FAMILIES: &[FamilyInfo] = &[
         family: Family::Llama,
         architecture: "llama",
         required_keys: llama::REQUIRED_KEYS,
+    },
+    FamilyInfo {
+        family: Family::Qwen2,
+        architecture: "qwen2",
+        required_keys: qwen2::REQUIRED_KEYS,
     },
     FamilyInfo {
         family: Family::DeepSeek4,
@@ -142,6 +150,8 @@ pub fn check_required_keys(file: &GgufFile, family: Family) -> Result<(), ModelE
 pub struct TensorSource<'a> {
     file: &'a GgufFile,
     supplied: Option<std::collections::HashMap<String, HostBytes>>,
+    /// The same tensors in GPU memory, when the owner placed them there.
+    device: std::collections::HashMap<String, DeviceBytes>,
 }
 
 impl<'a> TensorSource<'a> {
@@ -150,6 +160,7 @@ impl<'a> TensorSource<'a> {
         TensorSource {
             file,
             supplied: None,
+            device: std::collections::HashMap::new(),
         }
     }
 
@@ -179,6 +190,11 @@ impl<'a> TensorSource<'a> {
             .expect("tensor ranges are checked when the file is opened")
     }
 
+    /// The tensor's bytes in GPU memory, if the owner placed them there.
+    pub fn device(&self, t: &TensorInfo) -> Option<DeviceBytes> {
+        self.device.get(&t.name).cloned()
+    }
+
     /// A whole tensor as a weight source for a backend (no copy).
     pub fn weight(&self, t: &TensorInfo) -> WeightSource {
         let cols = t.shape[0] as usize;
@@ -188,6 +204,7 @@ impl<'a> TensorSource<'a> {
             rows: (t.n_elements() / t.shape[0]) as usize,
             cols,
             bytes: self.bytes(t),
+            device: self.device(t),
         }
     }
 }
@@ -238,6 +255,7 @@ pub struct ModelInfo {
 }
 
 enum FamilyModel<B: Backend> {
+    /// llama and the families with its layout ([`llama::Variant`]: qwen2).
     Llama(llama::LlamaModel<B>),
     DeepSeek4(Box<deepseek4::Ds4Model<B>>),
 }
@@ -312,6 +330,12 @@ impl<B: Backend> Model<B> {
                 let dims = (h.n_vocab, h.n_ctx_train, h.n_layer, h.n_embd);
                 (FamilyModel::Llama(m), dims)
             }
+            Family::Qwen2 => {
+                let m = qwen2::load(src, backend)?;
+                let h = m.hparams();
+                let dims = (h.n_vocab, h.n_ctx_train, h.n_layer, h.n_embd);
+                (FamilyModel::Llama(m), dims)
+            }
             Family::DeepSeek4 => {
                 let m = deepseek4::Ds4Model::load(src, backend)?;
                 let h = m.hparams();
@@ -335,10 +359,13 @@ impl<B: Backend> Model<B> {
     /// (e.g. a read-only mapping of a region imported from the weight
     /// owner) instead of the file's mapping; nothing is copied. The file
     /// still supplies metadata and tensor descriptions.
+    /// `device` names tensors whose bytes are also in GPU memory (imported
+    /// from the owner): a GPU backend binds those in place.
     pub fn load_with<E: std::fmt::Display>(
         file: &GgufFile,
         backend: &B,
         bytes_of: impl Fn(&TensorInfo) -> Result<HostBytes, E>,
+        device: std::collections::HashMap<String, DeviceBytes>,
     ) -> Result<Model<B>, ModelError> {
         let mut map = std::collections::HashMap::with_capacity(file.tensors().len());
         for t in file.tensors() {
@@ -358,6 +385,7 @@ impl<B: Backend> Model<B> {
             &TensorSource {
                 file,
                 supplied: Some(map),
+                device,
             },
             backend,
         )

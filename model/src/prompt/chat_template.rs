@@ -248,10 +248,11 @@ mod tests {
                 extra: Some(&extra),
             })
             .unwrap();
-        // Booleans print as Jinja2 prints Python's: `False`.
+        // Booleans print as Jinja2 prints Python's: `False`; tool keys
+        // keep the client's order.
         assert_eq!(
             out,
-            r#"{"function": {"name": "f"}, "type": "function"}|False|<s>"#
+            r#"{"type": "function", "function": {"name": "f"}}|False|<s>"#
         );
     }
 }

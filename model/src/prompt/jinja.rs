@@ -277,10 +277,10 @@ mod tests {
     #[test]
     fn tojson_matches_python_json_dumps() {
         let ctx = serde_json::json!({"v": {"name": "f<x>", "n": [1, 2.5, true, null], "e": {}, "s": "é\n"}});
-        // Python: json.dumps(v, ensure_ascii=False) with keys in this order.
+        // Python: json.dumps(v, ensure_ascii=False) keeps insertion order.
         assert_eq!(
             render("{{ v|tojson }}", ctx.clone()),
-            r#"{"e": {}, "n": [1, 2.5, true, null], "name": "f<x>", "s": "é\n"}"#
+            r#"{"name": "f<x>", "n": [1, 2.5, true, null], "e": {}, "s": "é\n"}"#
         );
         assert_eq!(
             render("{{ v.n|tojson(indent=2) }}", ctx),

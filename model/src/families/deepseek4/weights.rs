@@ -117,12 +117,16 @@ fn row_block(
         .bytes(t)
         .slice(first * row_bytes, n_rows * row_bytes)
         .expect("row block lies inside the tensor, whose range was checked");
+    let device = src
+        .device(t)
+        .and_then(|d| d.slice(first * row_bytes, n_rows * row_bytes));
     WeightSource {
         name,
         ggml_type: t.ggml_type,
         rows: n_rows,
         cols,
         bytes,
+        device,
     }
 }
 

@@ -5,7 +5,7 @@
 //! ```text
 //! x = embed(tokens)
 //! per layer:  h = rms_norm(x) · attn_norm
-//!             q, k, v = Wq h, Wk h, Wv h;  rope(q), rope(k)
+//!             q, k, v = Wq h (+ bq), Wk h (+ bk), Wv h (+ bv);  rope(q), rope(k)
 //!             x += Wo · attention(q, k, v | cache)
 //!             h = rms_norm(x) · ffn_norm
 //!             x += Wdown · (silu(Wgate h) * Wup h)
@@ -70,6 +70,11 @@ pub fn forward<B: Backend>(
         be.matmul(&lw.wq, &norm, &mut q)?;
         be.matmul(&lw.wk, &norm, &mut k)?;
         be.matmul(&lw.wv, &norm, &mut v)?;
+        if let Some([bq, bk, bv]) = &lw.qkv_bias {
+            be.add_bias(&mut q, bq);
+            be.add_bias(&mut k, bk);
+            be.add_bias(&mut v, bv);
+        }
         be.rope(&mut q, &positions, h.head_dim, &h.rope);
         be.rope(&mut k, &positions, h.head_dim, &h.rope);
         be.attention(&q, &k, &v, pool, layer, &seqs, &attn, &mut att)?;

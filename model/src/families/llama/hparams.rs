@@ -1,11 +1,32 @@
-//! Hyper-parameters of the llama family and its tensor contract.
+//! Hyper-parameters of the llama family and its tensor contract, shared by
+//! the families that keep llama's layout (see [`Variant`]).
 
 use ds4_kernels::{RopeConfig, RopeMode};
 
 use crate::families::{check_inventory, ExpectedTensor, Family, ModelError};
 use crate::gguf::GgufFile;
 
-const FAMILY: &str = "llama";
+/// What sets a family with llama's layout apart from llama itself. The
+/// metadata keys are read under the family's architecture string.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Variant {
+    pub family: Family,
+    /// How its GGUFs lay out the rotated pairs of a head.
+    pub rope_mode: RopeMode,
+    /// Every layer's `attn_q`, `attn_k` and `attn_v` carry a `.bias`.
+    pub qkv_bias: bool,
+    /// Named when a file holds tensors outside the contract.
+    pub unsupported_hint: &'static str,
+}
+
+/// The llama family itself.
+pub const LLAMA: Variant = Variant {
+    family: Family::Llama,
+    rope_mode: RopeMode::Normal,
+    qkv_bias: false,
+    unsupported_hint:
+        "mixture-of-experts llama variants and RoPE frequency-factor tensors are not supported",
+};
 
 /// Metadata keys a llama GGUF must carry.
 pub const REQUIRED_KEYS: &[&str] = &[
@@ -19,6 +40,8 @@ pub const REQUIRED_KEYS: &[&str] = &[
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaHParams {
+    /// The family these were read for.
+    pub variant: Variant,
     pub n_vocab: usize,
     pub n_ctx_train: usize,
     pub n_embd: usize,
@@ -33,35 +56,49 @@ pub struct LlamaHParams {
     pub tied_embeddings: bool,
 }
 
-fn bad(key: &str, value: impl std::fmt::Display, problem: &str) -> ModelError {
+fn bad(
+    family: &'static str,
+    key: &str,
+    value: impl std::fmt::Display,
+    problem: &str,
+) -> ModelError {
     ModelError::BadKey {
-        family: FAMILY,
+        family,
         key: key.to_string(),
         value: value.to_string(),
         problem: problem.to_string(),
     }
 }
 
-fn count(file: &GgufFile, key: &str) -> Result<usize, ModelError> {
+fn count(file: &GgufFile, family: &'static str, key: &str) -> Result<usize, ModelError> {
     let v = file.metadata().require_u64(key)?;
     if v == 0 || v > (1 << 24) {
-        return Err(bad(key, v, "expected a positive count below 2^24"));
+        return Err(bad(family, key, v, "expected a positive count below 2^24"));
     }
     Ok(v as usize)
 }
 
 impl LlamaHParams {
+    /// The hyper-parameters of a llama GGUF.
     pub fn from_file(file: &GgufFile) -> Result<LlamaHParams, ModelError> {
+        LlamaHParams::from_file_as(file, LLAMA)
+    }
+
+    /// The hyper-parameters of a GGUF of a family with llama's layout.
+    pub fn from_file_as(file: &GgufFile, variant: Variant) -> Result<LlamaHParams, ModelError> {
+        let family = variant.family.name();
+        let count = |key: &str| count(file, family, key);
         let m = file.metadata();
-        let k = |s: &str| format!("{FAMILY}.{s}");
-        let n_embd = count(file, &k("embedding_length"))?;
-        let n_head = count(file, &k("attention.head_count"))?;
+        let k = |s: &str| format!("{family}.{s}");
+        let n_embd = count(&k("embedding_length"))?;
+        let n_head = count(&k("attention.head_count"))?;
         let n_head_kv = match m.get(&k("attention.head_count_kv")) {
-            Some(_) => count(file, &k("attention.head_count_kv"))?,
+            Some(_) => count(&k("attention.head_count_kv"))?,
             None => n_head,
         };
         if n_head % n_head_kv != 0 {
             return Err(bad(
+                family,
                 &k("attention.head_count_kv"),
                 n_head_kv,
                 "must divide attention.head_count",
@@ -69,6 +106,7 @@ impl LlamaHParams {
         }
         if n_embd % n_head != 0 {
             return Err(bad(
+                family,
                 &k("embedding_length"),
                 n_embd,
                 "must be a multiple of attention.head_count",
@@ -79,6 +117,7 @@ impl LlamaHParams {
             if let Some(v) = m.get_u64(&k(key)) {
                 if v as usize != head_dim {
                     return Err(bad(
+                        family,
                         &k(key),
                         v,
                         "head sizes other than embedding_length / head_count are not supported",
@@ -87,11 +126,12 @@ impl LlamaHParams {
             }
         }
         let n_rot = match m.get(&k("rope.dimension_count")) {
-            Some(_) => count(file, &k("rope.dimension_count"))?,
+            Some(_) => count(&k("rope.dimension_count"))?,
             None => head_dim,
         };
         if n_rot > head_dim || n_rot % 2 != 0 {
             return Err(bad(
+                family,
                 &k("rope.dimension_count"),
                 n_rot,
                 "must be even and at most the head size",
@@ -105,6 +145,7 @@ impl LlamaHParams {
                 let f = m.get_f64(&k("rope.scaling.factor")).unwrap_or(1.0);
                 if !(f > 0.0 && f.is_finite()) {
                     return Err(bad(
+                        family,
                         &k("rope.scaling.factor"),
                         f,
                         "must be a positive number",
@@ -114,6 +155,7 @@ impl LlamaHParams {
             }
             Some(other) => {
                 return Err(bad(
+                    family,
                     &k("rope.scaling.type"),
                     other,
                     "only linear RoPE scaling is supported",
@@ -123,6 +165,7 @@ impl LlamaHParams {
         let rms_eps = m.require_f64(&k("attention.layer_norm_rms_epsilon"))? as f32;
         if !(rms_eps > 0.0 && rms_eps < 1.0) {
             return Err(bad(
+                family,
                 &k("attention.layer_norm_rms_epsilon"),
                 rms_eps,
                 "expected a small positive number",
@@ -131,7 +174,7 @@ impl LlamaHParams {
         let embd = file
             .tensor("token_embd.weight")
             .ok_or(ModelError::MissingTensor {
-                family: FAMILY,
+                family,
                 name: "token_embd.weight".into(),
             })?;
         let n_vocab = match m.get_u64(&k("vocab_size")) {
@@ -139,17 +182,18 @@ impl LlamaHParams {
             None => embd.shape.get(1).copied().unwrap_or(0) as usize,
         };
         Ok(LlamaHParams {
+            variant,
             n_vocab,
-            n_ctx_train: count(file, &k("context_length"))?,
+            n_ctx_train: count(&k("context_length"))?,
             n_embd,
-            n_ff: count(file, &k("feed_forward_length"))?,
-            n_layer: count(file, &k("block_count"))?,
+            n_ff: count(&k("feed_forward_length"))?,
+            n_layer: count(&k("block_count"))?,
             n_head,
             n_head_kv,
             head_dim,
             rms_eps,
             rope: RopeConfig {
-                mode: RopeMode::Normal,
+                mode: variant.rope_mode,
                 n_rot,
                 freq_base,
                 freq_scale,
@@ -170,6 +214,14 @@ impl LlamaHParams {
         ];
         for i in 0..self.n_layer {
             let b = |s: &str| format!("blk.{i}.{s}.weight");
+            if self.variant.qkv_bias {
+                let bias = |s: &str| format!("blk.{i}.{s}.bias");
+                t.extend([
+                    ExpectedTensor::required(bias("attn_q"), &[q]),
+                    ExpectedTensor::required(bias("attn_k"), &[kv]),
+                    ExpectedTensor::required(bias("attn_v"), &[kv]),
+                ]);
+            }
             t.extend([
                 ExpectedTensor::required(b("attn_norm"), &[e]),
                 ExpectedTensor::required(b("attn_q"), &[e, q]),
@@ -190,8 +242,8 @@ impl LlamaHParams {
 pub fn check_tensors(file: &GgufFile, h: &LlamaHParams) -> Result<(), ModelError> {
     check_inventory(
         file,
-        Family::Llama,
+        h.variant.family,
         &h.expected_tensors(),
-        "mixture-of-experts llama variants and RoPE frequency-factor tensors are not supported",
+        h.variant.unsupported_hint,
     )
 }

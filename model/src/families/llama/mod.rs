@@ -7,6 +7,9 @@
 //! SmolLM2-135M-Instruct: prompt tokens, top-5 logits and the greedy
 //! continuation (see `model/tests/llama_parity.rs`).
 //!
+//! Families that keep llama's layout (qwen2: q/k/v biases, NeoX RoPE) are
+//! bound and run by this code too, as a [`Variant`].
+//!
 //! Files in forward-pass order: [`hparams`] (keys and the tensor
 //! contract), [`weights`] (binder), [`forward`].
 
@@ -17,7 +20,7 @@ mod weights;
 use ds4_kernels::Backend;
 
 use super::{ModelError, PagedInput, TensorSource};
-pub use hparams::{LlamaHParams, REQUIRED_KEYS};
+pub use hparams::{LlamaHParams, Variant, LLAMA, REQUIRED_KEYS};
 use weights::LlamaWeights;
 
 /// A bound llama model.
@@ -28,7 +31,16 @@ pub struct LlamaModel<B: Backend> {
 
 impl<B: Backend> LlamaModel<B> {
     pub fn load(src: &TensorSource<'_>, backend: &B) -> Result<LlamaModel<B>, ModelError> {
-        let hparams = LlamaHParams::from_file(src.file())?;
+        LlamaModel::load_as(src, backend, LLAMA)
+    }
+
+    /// Bind a model of a family with llama's layout.
+    pub fn load_as(
+        src: &TensorSource<'_>,
+        backend: &B,
+        variant: Variant,
+    ) -> Result<LlamaModel<B>, ModelError> {
+        let hparams = LlamaHParams::from_file_as(src.file(), variant)?;
         hparams::check_tensors(src.file(), &hparams)?;
         let weights = LlamaWeights::bind(src, &hparams, backend)?;
         Ok(LlamaModel { hparams, weights })

@@ -1,4 +1,4 @@
-//! Binding a llama GGUF's tensors to a backend.
+//! Binding a llama-layout GGUF's tensors to a backend.
 
 use ds4_kernels::Backend;
 
@@ -10,6 +10,8 @@ pub struct LayerWeights<B: Backend> {
     pub wq: B::Weight,
     pub wk: B::Weight,
     pub wv: B::Weight,
+    /// q/k/v biases (variants with [`super::hparams::Variant::qkv_bias`]).
+    pub qkv_bias: Option<[B::Weight; 3]>,
     pub wo: B::Weight,
     pub ffn_norm: B::Weight,
     pub w_gate: B::Weight,
@@ -36,18 +38,26 @@ impl<B: Backend> LlamaWeights<B> {
         h: &LlamaHParams,
         backend: &B,
     ) -> Result<LlamaWeights<B>, ModelError> {
+        let family = h.variant.family.name();
         let bind = |name: &str| -> Result<B::Weight, ModelError> {
-            let t = src.info("llama", name)?;
+            let t = src.info(family, name)?;
             Ok(backend.bind_weight(src.weight(t))?)
         };
         let layers = (0..h.n_layer)
             .map(|i| {
                 let b = |s: &str| bind(&format!("blk.{i}.{s}.weight"));
+                let bias = |s: &str| bind(&format!("blk.{i}.{s}.bias"));
+                let qkv_bias = if h.variant.qkv_bias {
+                    Some([bias("attn_q")?, bias("attn_k")?, bias("attn_v")?])
+                } else {
+                    None
+                };
                 Ok(LayerWeights {
                     attn_norm: b("attn_norm")?,
                     wq: b("attn_q")?,
                     wk: b("attn_k")?,
                     wv: b("attn_v")?,
+                    qkv_bias,
                     wo: b("attn_output")?,
                     ffn_norm: b("ffn_norm")?,
                     w_gate: b("ffn_gate")?,
