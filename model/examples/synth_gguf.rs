@@ -34,6 +34,7 @@ use std::time::Instant;
 use ds4_kernels::quant::GgmlType;
 use ds4_kernels::CpuBackend;
 use ds4_model::families::{Logits, Model};
+use ds4_model::gguf::writer::{header_bytes, TensorHeader};
 use ds4_model::gguf::{parse_header, GgufFile, MetaValue};
 use ds4_model::prompt::{ChatMessage, ChatTemplate};
 use ds4_model::tokenizer::Tokenizer;
@@ -251,76 +252,17 @@ impl Layout {
 
     /// The header bytes, padded to the alignment.
     fn header_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(8 << 20);
-        out.extend_from_slice(b"GGUF");
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
-        for (k, v) in &self.metadata {
-            put_str(&mut out, k);
-            out.extend_from_slice(&type_id(v).to_le_bytes());
-            put_value(&mut out, v);
-        }
-        for t in &self.tensors {
-            put_str(&mut out, &t.name);
-            out.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
-            for d in &t.shape {
-                out.extend_from_slice(&d.to_le_bytes());
-            }
-            out.extend_from_slice(&t.ggml_type.id().to_le_bytes());
-            out.extend_from_slice(&t.offset.to_le_bytes());
-        }
-        let len = (out.len() as u64).div_ceil(self.alignment) * self.alignment;
-        out.resize(len as usize, 0);
-        out
-    }
-}
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
-fn type_id(v: &MetaValue) -> u32 {
-    match v {
-        MetaValue::U8(_) => 0,
-        MetaValue::I8(_) => 1,
-        MetaValue::U16(_) => 2,
-        MetaValue::I16(_) => 3,
-        MetaValue::U32(_) => 4,
-        MetaValue::I32(_) => 5,
-        MetaValue::F32(_) => 6,
-        MetaValue::Bool(_) => 7,
-        MetaValue::String(_) => 8,
-        MetaValue::Array(_) => 9,
-        MetaValue::U64(_) => 10,
-        MetaValue::I64(_) => 11,
-        MetaValue::F64(_) => 12,
-    }
-}
-
-fn put_value(out: &mut Vec<u8>, v: &MetaValue) {
-    match v {
-        MetaValue::U8(x) => out.push(*x),
-        MetaValue::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetaValue::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetaValue::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetaValue::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetaValue::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetaValue::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetaValue::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetaValue::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetaValue::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        MetaValue::Bool(x) => out.push(u8::from(*x)),
-        MetaValue::String(s) => put_str(out, s),
-        MetaValue::Array(items) => {
-            // The element type of an empty array is written as u8.
-            out.extend_from_slice(&items.first().map_or(0, type_id).to_le_bytes());
-            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
-            for item in items {
-                put_value(out, item);
-            }
-        }
+        let tensors: Vec<TensorHeader<'_>> = self
+            .tensors
+            .iter()
+            .map(|t| TensorHeader {
+                name: &t.name,
+                shape: &t.shape,
+                ggml_type: t.ggml_type,
+                offset: t.offset,
+            })
+            .collect();
+        header_bytes(&self.metadata, &tensors, self.alignment)
     }
 }
 

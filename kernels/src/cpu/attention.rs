@@ -170,18 +170,36 @@ impl CpuKvPool {
         Ok(())
     }
 
-    /// Copy `len` values at `offset` of block `block` into `dst` as f32.
-    fn load(&self, block: u32, offset: usize, dst: &mut [f32]) {
-        match &self.storage {
-            Storage::F16(blocks) => match &blocks[block as usize] {
-                Some(b) => b[offset..offset + dst.len()].convert_to_f32_slice(dst),
-                None => dst.fill(0.0),
-            },
-            Storage::F32(blocks) => match &blocks[block as usize] {
-                Some(b) => dst.copy_from_slice(&b[offset..offset + dst.len()]),
-                None => dst.fill(0.0),
-            },
+    /// Keys and values of layer `layer` for positions `0 .. n` of the
+    /// sequence with block table `blocks`, as f32 `[n, kv_dim]` each: one
+    /// conversion per block (a block's slots are contiguous per layer).
+    fn gather(&self, layer: usize, blocks: &[u32], n: usize) -> (Vec<f32>, Vec<f32>) {
+        let (bs, d) = (self.cfg.block_size, self.cfg.kv_dim);
+        let mut keys = vec![0.0f32; n * d];
+        let mut vals = vec![0.0f32; n * d];
+        for (i, (kd, vd)) in keys
+            .chunks_mut(bs * d)
+            .zip(vals.chunks_mut(bs * d))
+            .enumerate()
+        {
+            let (ko, vo) = (self.offset(layer, false, 0), self.offset(layer, true, 0));
+            let len = kd.len();
+            match &self.storage {
+                Storage::F16(store) => {
+                    if let Some(b) = &store[blocks[i] as usize] {
+                        b[ko..ko + len].convert_to_f32_slice(kd);
+                        b[vo..vo + len].convert_to_f32_slice(vd);
+                    }
+                }
+                Storage::F32(store) => {
+                    if let Some(b) = &store[blocks[i] as usize] {
+                        kd.copy_from_slice(&b[ko..ko + len]);
+                        vd.copy_from_slice(&b[vo..vo + len]);
+                    }
+                }
+            }
         }
+        (keys, vals)
     }
 }
 
@@ -244,8 +262,13 @@ pub fn attention(
         }
     }
     let group = cfg.n_head / cfg.n_head_kv;
-    let bs = pool.cfg.block_size;
     let pool = &*pool;
+    // Each sequence's cached keys and values as f32, once for all its rows
+    // and heads.
+    let cached: Vec<(Vec<f32>, Vec<f32>)> = seqs
+        .par_iter()
+        .map(|seq| pool.gather(layer, seq.blocks, seq.pos + seq.n_rows))
+        .collect();
     out.data
         .par_chunks_mut(group * hd)
         .enumerate()
@@ -256,24 +279,15 @@ pub fn attention(
                 dst.fill(0.0);
                 return;
             };
-            let blocks = seqs[s].blocks;
+            let (keys, vals) = &cached[s];
+            let at = |t: usize| t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd;
             let n = pos + 1;
-            // This KV head's keys and values for positions 0..n, as f32.
-            let mut keys = vec![0.0f32; n * hd];
-            let mut vals = vec![0.0f32; n * hd];
-            for t in 0..n {
-                let (block, slot) = (blocks[t / bs], t % bs);
-                let kofs = pool.offset(layer, false, slot) + kvh * hd;
-                let vofs = pool.offset(layer, true, slot) + kvh * hd;
-                pool.load(block, kofs, &mut keys[t * hd..(t + 1) * hd]);
-                pool.load(block, vofs, &mut vals[t * hd..(t + 1) * hd]);
-            }
             let mut scores = vec![0.0f32; n];
             for (g, dst) in dst.chunks_exact_mut(hd).enumerate() {
                 let h = kvh * group + g;
                 let qh = &q.data[r * q.cols + h * hd..r * q.cols + (h + 1) * hd];
                 for (t, s) in scores.iter_mut().enumerate() {
-                    *s = dot_f32(qh, &keys[t * hd..(t + 1) * hd]) * cfg.scale;
+                    *s = dot_f32(qh, &keys[at(t)]) * cfg.scale;
                 }
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0.0f32;
@@ -284,7 +298,7 @@ pub fn attention(
                 dst.fill(0.0);
                 for (t, &p) in scores.iter().enumerate() {
                     let w = p / sum;
-                    for (d, &x) in dst.iter_mut().zip(&vals[t * hd..(t + 1) * hd]) {
+                    for (d, &x) in dst.iter_mut().zip(&vals[at(t)]) {
                         *d += w * x;
                     }
                 }

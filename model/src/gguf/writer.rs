@@ -13,6 +13,45 @@ pub struct TensorToWrite {
     pub data: Vec<u8>,
 }
 
+/// A tensor's entry in a GGUF header: name, ggml shape (row length first),
+/// type, and its offset from the start of the data section.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorHeader<'a> {
+    pub name: &'a str,
+    pub shape: &'a [u64],
+    pub ggml_type: GgmlType,
+    pub offset: u64,
+}
+
+/// The header of a GGUF v3 file, metadata written as given, padded to
+/// `alignment` (where the data section starts).
+pub fn header_bytes(
+    metadata: &[(String, MetaValue)],
+    tensors: &[TensorHeader<'_>],
+    alignment: u64,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(b"GGUF");
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (k, v) in metadata {
+        write_str(&mut out, k);
+        write_typed(&mut out, v);
+    }
+    for t in tensors {
+        write_str(&mut out, t.name);
+        out.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
+        for d in t.shape {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&t.ggml_type.id().to_le_bytes());
+        out.extend_from_slice(&t.offset.to_le_bytes());
+    }
+    pad_to(&mut out, alignment);
+    out
+}
+
 /// Serialize a GGUF v3 file. `alignment` is written as `general.alignment`
 /// when it differs from the default.
 pub fn write_gguf(
@@ -20,37 +59,25 @@ pub fn write_gguf(
     tensors: &[TensorToWrite],
     alignment: u64,
 ) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend_from_slice(b"GGUF");
-    out.extend_from_slice(&3u32.to_le_bytes());
-    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-    let extra = alignment != DEFAULT_ALIGNMENT;
-    out.extend_from_slice(&((metadata.len() + usize::from(extra)) as u64).to_le_bytes());
-    for (k, v) in metadata {
-        write_str(&mut out, k);
-        write_typed(&mut out, v);
-    }
-    if extra {
-        write_str(&mut out, "general.alignment");
-        write_typed(&mut out, &MetaValue::U32(alignment as u32));
+    let mut meta = metadata.to_vec();
+    if alignment != DEFAULT_ALIGNMENT {
+        meta.push(("general.alignment".into(), MetaValue::U32(alignment as u32)));
     }
     let mut offset = 0u64;
-    let mut offsets = Vec::with_capacity(tensors.len());
+    let mut headers = Vec::with_capacity(tensors.len());
     for t in tensors {
-        write_str(&mut out, &t.name);
-        out.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
-        for d in &t.shape {
-            out.extend_from_slice(&d.to_le_bytes());
-        }
-        out.extend_from_slice(&t.ggml_type.id().to_le_bytes());
-        out.extend_from_slice(&offset.to_le_bytes());
-        offsets.push(offset);
+        headers.push(TensorHeader {
+            name: &t.name,
+            shape: &t.shape,
+            ggml_type: t.ggml_type,
+            offset,
+        });
         offset = (offset + t.data.len() as u64).div_ceil(alignment) * alignment;
     }
-    pad_to(&mut out, alignment);
+    let mut out = header_bytes(&meta, &headers, alignment);
     let data_start = out.len() as u64;
-    for (t, off) in tensors.iter().zip(offsets) {
-        out.resize((data_start + off) as usize, 0);
+    for (t, h) in tensors.iter().zip(&headers) {
+        out.resize((data_start + h.offset) as usize, 0);
         out.extend_from_slice(&t.data);
     }
     pad_to(&mut out, alignment);
