@@ -243,7 +243,9 @@ where
         }
         None => (lm.model.state_bytes_per_token() * cfg.block_size) as u64,
     };
-    let scratch = lm.model.scratch_bytes(cfg.batch_tokens, cfg.max_seqs) as u64;
+    let scratch = lm
+        .model
+        .scratch_bytes(cfg.batch_tokens, cfg.max_seqs, cfg.ctx) as u64;
     let disk_buffer = if cfg.disk.is_some() { block_bytes } else { 0 };
     let fixed = scratch + disk_buffer;
     let budget = cfg.memory_bytes.unwrap_or_else(|| {

@@ -15,7 +15,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::elementwise::dot_f32;
+use super::elementwise::{axpy, dot_f32};
 use super::CpuTensor;
 use crate::backend::{AttentionConfig, BackendError, KvDtype, KvPoolConfig, KvSeq};
 
@@ -24,6 +24,9 @@ use crate::backend::{AttentionConfig, BackendError, KvDtype, KvPoolConfig, KvSeq
 pub struct CpuKvPool {
     cfg: KvPoolConfig,
     storage: Storage,
+    /// Per-sequence f32 copies of the cache, reused from call to call (a
+    /// fresh allocation per layer costs page faults and zero fills).
+    gathered: Vec<(Vec<f32>, Vec<f32>)>,
 }
 
 #[derive(Debug)]
@@ -38,7 +41,11 @@ impl CpuKvPool {
             KvDtype::F16 => Storage::F16((0..cfg.n_blocks).map(|_| None).collect()),
             KvDtype::F32 => Storage::F32((0..cfg.n_blocks).map(|_| None).collect()),
         };
-        CpuKvPool { cfg, storage }
+        CpuKvPool {
+            cfg,
+            storage,
+            gathered: Vec::new(),
+        }
     }
 
     pub fn config(&self) -> KvPoolConfig {
@@ -171,36 +178,63 @@ impl CpuKvPool {
     }
 
     /// Keys and values of layer `layer` for positions `0 .. n` of the
-    /// sequence with block table `blocks`, as f32 `[n, kv_dim]` each: one
-    /// conversion per block (a block's slots are contiguous per layer).
-    fn gather(&self, layer: usize, blocks: &[u32], n: usize) -> (Vec<f32>, Vec<f32>) {
+    /// sequence with block table `blocks`, as f32 `[n, kv_dim]` each, into
+    /// the first `n * kv_dim` values of `keys` and `vals` (grown as needed):
+    /// one conversion per block (a block's slots are contiguous per layer).
+    fn gather(
+        &self,
+        layer: usize,
+        blocks: &[u32],
+        n: usize,
+        keys: &mut Vec<f32>,
+        vals: &mut Vec<f32>,
+    ) {
         let (bs, d) = (self.cfg.block_size, self.cfg.kv_dim);
-        let mut keys = vec![0.0f32; n * d];
-        let mut vals = vec![0.0f32; n * d];
-        for (i, (kd, vd)) in keys
+        for buf in [&mut *keys, &mut *vals] {
+            if buf.len() < n * d {
+                buf.resize(n * d, 0.0);
+            }
+        }
+        let (ko, vo) = (self.offset(layer, false, 0), self.offset(layer, true, 0));
+        for (i, (kd, vd)) in keys[..n * d]
             .chunks_mut(bs * d)
-            .zip(vals.chunks_mut(bs * d))
+            .zip(vals[..n * d].chunks_mut(bs * d))
             .enumerate()
         {
-            let (ko, vo) = (self.offset(layer, false, 0), self.offset(layer, true, 0));
             let len = kd.len();
             match &self.storage {
-                Storage::F16(store) => {
-                    if let Some(b) = &store[blocks[i] as usize] {
-                        b[ko..ko + len].convert_to_f32_slice(kd);
-                        b[vo..vo + len].convert_to_f32_slice(vd);
+                Storage::F16(store) => match &store[blocks[i] as usize] {
+                    Some(b) => {
+                        to_f32(&b[ko..ko + len], kd);
+                        to_f32(&b[vo..vo + len], vd);
                     }
-                }
-                Storage::F32(store) => {
-                    if let Some(b) = &store[blocks[i] as usize] {
+                    None => {
+                        kd.fill(0.0);
+                        vd.fill(0.0);
+                    }
+                },
+                Storage::F32(store) => match &store[blocks[i] as usize] {
+                    Some(b) => {
                         kd.copy_from_slice(&b[ko..ko + len]);
                         vd.copy_from_slice(&b[vo..vo + len]);
                     }
-                }
+                    None => {
+                        kd.fill(0.0);
+                        vd.fill(0.0);
+                    }
+                },
             }
         }
-        (keys, vals)
     }
+}
+
+/// Exact f16 to f32 conversion of a slice, in hardware where the CPU can.
+fn to_f32(src: &[f16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_f16c() {
+        return super::simd::f16_to_f32(src, dst);
+    }
+    src.convert_to_f32_slice(dst);
 }
 
 fn shape_error(detail: String) -> BackendError {
@@ -262,13 +296,17 @@ pub fn attention(
         }
     }
     let group = cfg.n_head / cfg.n_head_kv;
-    let pool = &*pool;
     // Each sequence's cached keys and values as f32, once for all its rows
     // and heads.
-    let cached: Vec<(Vec<f32>, Vec<f32>)> = seqs
-        .par_iter()
-        .map(|seq| pool.gather(layer, seq.blocks, seq.pos + seq.n_rows))
-        .collect();
+    let mut cached = std::mem::take(&mut pool.gathered);
+    if cached.len() < seqs.len() {
+        cached.resize_with(seqs.len(), Default::default);
+    }
+    let pool_ref = &*pool;
+    cached
+        .par_iter_mut()
+        .zip(seqs)
+        .for_each(|((k, v), seq)| pool_ref.gather(layer, seq.blocks, seq.pos + seq.n_rows, k, v));
     out.data
         .par_chunks_mut(group * hd)
         .enumerate()
@@ -297,12 +335,10 @@ pub fn attention(
                 }
                 dst.fill(0.0);
                 for (t, &p) in scores.iter().enumerate() {
-                    let w = p / sum;
-                    for (d, &x) in dst.iter_mut().zip(&vals[at(t)]) {
-                        *d += w * x;
-                    }
+                    axpy(dst, p / sum, &vals[at(t)]);
                 }
             }
         });
+    pool.gathered = cached;
     Ok(())
 }

@@ -102,10 +102,26 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         .zip(cb.remainder())
         .map(|(x, y)| f64::from(x * y))
         .sum();
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_avx() {
+        lanes = super::simd::dot_lanes(a, b);
+        return (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32;
+    }
     for (x, y) in ca.zip(cb) {
         for l in 0..8 {
             lanes[l] += x[l] * y[l];
         }
     }
     (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32
+}
+
+/// `dst[i] += w * x[i]`, a multiply then an add per element.
+pub fn axpy(dst: &mut [f32], w: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_avx() {
+        return super::simd::axpy(dst, w, x);
+    }
+    for (d, &v) in dst.iter_mut().zip(x) {
+        *d += w * v;
+    }
 }

@@ -11,6 +11,8 @@ mod elementwise;
 mod matmul;
 mod rope;
 pub mod sampling;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
 use crate::backend::{
     AttentionConfig, Backend, BackendError, HostBytes, KvDtype, KvPoolConfig, KvSeq, Numerics,

@@ -432,9 +432,14 @@ impl<B: Backend> Model<B> {
         }
     }
 
-    /// Activation scratch of one forward pass over `rows` tokens returning
-    /// `logit_rows` rows of logits, in bytes (an upper estimate).
-    pub fn scratch_bytes(&self, rows: usize, logit_rows: usize) -> usize {
+    /// Activation scratch of one forward pass over `rows` tokens of up to
+    /// `seqs` sequences of at most `ctx` positions (one logits row each),
+    /// in bytes (an upper estimate; it includes the f32 copy of one layer
+    /// of each sequence's cache that CPU attention reads).
+    pub fn scratch_bytes(&self, rows: usize, seqs: usize, ctx: usize) -> usize {
+        let cache_copy = self
+            .kv_layout()
+            .map_or(0, |l| seqs * ctx * l.kv_dim * 2 * 4);
         let per_row = match &self.inner {
             FamilyModel::Llama(m) => {
                 let h = m.hparams();
@@ -449,7 +454,7 @@ impl<B: Backend> Model<B> {
                 (16 * h.n_embd + 4 * h.n_ff + h.n_head * h.head_dim * 2) * 4
             }
         };
-        rows * per_row + logit_rows * self.info.n_vocab * 4 * 2
+        rows * per_row + seqs * self.info.n_vocab * 4 * 2 + cache_copy
     }
 
     /// A KV pool of `n_blocks` blocks of `block_size` positions for this
