@@ -179,20 +179,8 @@ fn by_weight_rows(
 mod tests {
     use super::*;
     use crate::backend::HostBytes;
+    use crate::quant::tests::floats;
     use crate::quant::GgmlType;
-
-    /// Deterministic pseudo-random floats in [-scale, scale).
-    fn floats(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
 
     fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> CpuWeight {
         let row_bytes = ty.row_bytes(cols).expect("whole blocks");

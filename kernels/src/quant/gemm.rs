@@ -97,25 +97,7 @@ fn tiled(ty: GgmlType, k: usize, w: &[u8], act: &[u8], out: &mut [f32], ldo: usi
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Deterministic pseudo-random floats in [-scale, scale).
-    fn floats(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
-
-    fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
-        let mut q = vec![0u8; ty.row_bytes(x.len()).expect("whole blocks")];
-        quantize_row(ty, x, &mut q).expect("quantizable");
-        q
-    }
+    use crate::quant::tests::{floats, quantized};
 
     /// Weight rows in format `ty`, with an all-zero block and a row of
     /// extreme values mixed in.

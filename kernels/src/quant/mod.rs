@@ -49,7 +49,7 @@ mod simd_x86;
 mod types;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use dot::{dot_isa, simd_dot_types, vec_dot, vec_dot_scalar, vec_dot_x4, DotIsa};
 pub use gemm::{gemm, quantize_act_row};

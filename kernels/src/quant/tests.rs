@@ -6,7 +6,7 @@
 use super::*;
 
 /// Deterministic pseudo-random floats in [-scale, scale).
-fn floats(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+pub(crate) fn floats(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     let mut s = seed;
     (0..n)
         .map(|_| {
@@ -18,7 +18,8 @@ fn floats(seed: u64, n: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+/// `x` quantized to `ty` as one row.
+pub(crate) fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; ty.row_bytes(x.len()).expect("whole blocks")];
     quantize_row(ty, x, &mut q).expect("quantizable");
     q
