@@ -21,8 +21,7 @@ use serde::Serialize;
 /// serving engine instead (continuous batching, paged KV cache, prefix
 /// cache), loading the model once:
 ///
-///   ds4-bench --prompt-file README.md --frontiers 512,1024,2048 \
-///       --concurrency 1,2,4,8,16 --prefix-reuse 1000
+///   ds4-bench --prompt-file README.md --frontiers 512,1024,2048 --concurrency 1,2,4,8,16 --prefix-reuse 1000
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
