@@ -15,7 +15,7 @@ use std::fs::{self, File};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use ds4_kernels::KvDtype;
+use ds4_kernels::{KvDtype, KvPoolConfig};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -40,12 +40,18 @@ pub struct DiskKey {
 
 impl DiskKey {
     pub fn block_bytes(&self) -> usize {
-        let elt = if self.dtype == KvDtype::F16.name() {
-            2
+        let dtype = if self.dtype == KvDtype::F16.name() {
+            KvDtype::F16
         } else {
-            4
+            KvDtype::F32
         };
-        self.n_layer * 2 * self.block_size * self.kv_dim * elt
+        KvPoolConfig {
+            n_layer: self.n_layer,
+            kv_dim: self.kv_dim,
+            block_size: self.block_size,
+            n_blocks: 1,
+        }
+        .block_bytes(dtype)
     }
 }
 
@@ -290,7 +296,7 @@ impl DiskCache {
         let f = File::open(path).map_err(|e| Skip::Foreign(io(path)(e)))?;
         let len = f.metadata().map_err(|e| Skip::Foreign(io(path)(e)))?.len();
         let mut r = BufReader::new(f);
-        let (header, header_len) = read_header(&mut r, path)?;
+        let (header, json) = read_header(&mut r, path)?;
         if header.key != self.key {
             return Err(Skip::Foreign(DiskError::Invalid {
                 path: path.into(),
@@ -309,7 +315,7 @@ impl DiskCache {
             )));
         }
         let body = (header.tokens.len() / bs * self.key.block_bytes()) as u64;
-        let expected = 16 + header_len + body + 32;
+        let expected = 16 + json.len() as u64 + body + 32;
         if len != expected {
             return Err(bad(format!(
                 "{len} bytes, expected {expected} (truncated or padded)"
@@ -395,7 +401,8 @@ enum Skip {
     Damaged(DiskError),
 }
 
-fn read_header(r: &mut impl Read, path: &Path) -> Result<(Header, u64), Skip> {
+/// The header of a cache file: its fields and its JSON bytes.
+fn read_header(r: &mut impl Read, path: &Path) -> Result<(Header, Vec<u8>), Skip> {
     let err = |problem: String| DiskError::Invalid {
         path: path.into(),
         problem,
@@ -421,7 +428,7 @@ fn read_header(r: &mut impl Read, path: &Path) -> Result<(Header, u64), Skip> {
     r.read_exact(&mut json)
         .map_err(|e| bad(format!("truncated header: {e}")))?;
     let header = serde_json::from_slice(&json).map_err(|e| bad(format!("bad header: {e}")))?;
-    Ok((header, u64::from(len)))
+    Ok((header, json))
 }
 
 fn read_blocks(
@@ -436,18 +443,9 @@ fn read_blocks(
     };
     let f = File::open(path).map_err(io(path))?;
     let mut r = BufReader::with_capacity(1 << 20, f);
-    let mut raw = Vec::new();
-    // Re-read the header through the hasher.
-    let mut fixed = [0u8; 16];
-    r.read_exact(&mut fixed).map_err(io(path))?;
-    let hlen = u32::from_le_bytes(fixed[12..16].try_into().expect("4 bytes"));
-    if &fixed[..8] != MAGIC || hlen > MAX_HEADER {
-        return Err(bad("header changed since the cache was opened".into()));
-    }
-    raw.resize(hlen as usize, 0);
-    r.read_exact(&mut raw).map_err(io(path))?;
-    let header: Header =
-        serde_json::from_slice(&raw).map_err(|e| bad(format!("bad header: {e}")))?;
+    let (header, json) = read_header(&mut r, path).map_err(|skip| match skip {
+        Skip::Foreign(e) | Skip::Damaged(e) => e,
+    })?;
     if header.key != *key {
         return Err(bad("header changed since the cache was opened".into()));
     }
@@ -455,9 +453,12 @@ fn read_blocks(
     if blocks > total {
         return Err(bad(format!("{blocks} blocks asked of a file of {total}")));
     }
+    // The checksum covers every byte before it, the header included.
     let mut sha = Sha256::new();
-    sha.update(fixed);
-    sha.update(&raw);
+    sha.update(MAGIC);
+    sha.update(VERSION.to_le_bytes());
+    sha.update((json.len() as u32).to_le_bytes());
+    sha.update(&json);
     let mut buf = vec![0u8; key.block_bytes()];
     for i in 0..total {
         r.read_exact(&mut buf)

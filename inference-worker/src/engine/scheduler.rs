@@ -26,7 +26,9 @@ use super::blocks::{chain_hash, chain_hashes, BlockId, BlockManager, ChainHash};
 use super::disk::DiskCache;
 use super::ledger::Ledger;
 use super::{EngineConfig, Event, Job, Msg};
-use crate::generate::{Decoding, FinishReason, GenerateError, Generation, Next, Timings};
+use crate::generate::{
+    Decoding, FinishReason, GenerateError, Generation, Next, Timings, TokenStep,
+};
 use crate::metrics::Metrics;
 use crate::runtime::LoadedModel;
 
@@ -364,18 +366,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             return;
         }
         let events = &l.job.events;
-        let mut on_step = |s: &crate::generate::TokenStep<'_>| {
-            let ev = Event::Token {
-                token: s.token,
-                text: s.text.to_string(),
-                logprobs: s.logprobs.clone(),
-            };
-            if events.send(ev).is_err() {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        };
+        let mut on_step = |s: &TokenStep<'_>| send_step(events, s);
         let room = l.tokens.len() + 1 < ctx;
         let next = l.decoding.step(logits, room, &mut on_step);
         if l.first_token.is_none() {
@@ -419,14 +410,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             .first_token
             .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
         let events = l.job.events.clone();
-        let mut on_step = |s: &crate::generate::TokenStep<'_>| {
-            let _ = events.send(Event::Token {
-                token: s.token,
-                text: s.text.to_string(),
-                logprobs: s.logprobs.clone(),
-            });
-            ControlFlow::Continue(())
-        };
+        let mut on_step = |s: &TokenStep<'_>| send_step(&events, s);
         let g = l.decoding.finish(l.timings, &mut on_step);
         match l.state {
             State::Paged { blocks, .. } => {
@@ -458,7 +442,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 continue;
             }
             let chain = kv.blocks.chain(end.block);
-            if let Some(tokens) = chain_tokens(kv, &chain) {
+            if let Some(tokens) = kv.blocks.chain_tokens(&chain) {
                 written += usize::from(checkpoint(self.lm, kv, &tokens, &chain));
             }
         }
@@ -534,7 +518,7 @@ fn allocate<B: Backend>(lm: &LoadedModel<B>, kv: &mut PagedKv<B>) -> BlockId {
         let on_disk = kv.disk.as_ref().map(|d| d.contains(&ev.hash));
         if on_disk == Some(false) && ev.depth * bs >= DISK_MIN_TOKENS {
             let chain = kv.blocks.chain(ev.block);
-            if let Some(tokens) = chain_tokens(kv, &chain) {
+            if let Some(tokens) = kv.blocks.chain_tokens(&chain) {
                 checkpoint(lm, kv, &tokens, &chain);
             }
         }
@@ -562,11 +546,6 @@ fn register_full_blocks<B: Backend>(
             .register(blocks[i], parent, h, &tokens[i * bs..(i + 1) * bs]);
         hashes.push(h);
     }
-}
-
-/// The tokens of an indexed chain, if the block manager knows them.
-fn chain_tokens<B: Backend>(kv: &PagedKv<B>, chain: &[BlockId]) -> Option<Vec<u32>> {
-    kv.blocks.chain_tokens(chain)
 }
 
 /// How much of a cold prompt to checkpoint: trimmed at the tail, aligned
@@ -613,6 +592,20 @@ fn checkpoint<B: Backend>(
             tracing::warn!(error = %e, "disk KV cache: prefix not written");
             false
         }
+    }
+}
+
+/// Stream one token to its request; `Break` once the client has gone.
+fn send_step(events: &mpsc::UnboundedSender<Event>, s: &TokenStep<'_>) -> ControlFlow<()> {
+    let ev = Event::Token {
+        token: s.token,
+        text: s.text.to_string(),
+        logprobs: s.logprobs.clone(),
+    };
+    if events.send(ev).is_err() {
+        ControlFlow::Break(())
+    } else {
+        ControlFlow::Continue(())
     }
 }
 
