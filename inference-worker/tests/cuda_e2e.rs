@@ -32,8 +32,9 @@ fn top5(row: &[f32]) -> Vec<usize> {
     idx
 }
 
-/// All-position logits of the prompt, then a 16-token greedy continuation.
-fn run<B: Backend>(lm: &LoadedModel<B>) -> (Vec<f32>, Vec<u32>) {
+/// All-position logits of the prompt, then a 16-token greedy continuation
+/// and the logits of every decode step.
+fn run<B: Backend>(lm: &LoadedModel<B>) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
     let ids = lm.prompter.raw_prompt(PROMPT).unwrap();
     let mut seq = lm.model.new_sequence(&lm.backend, 256).unwrap();
     let all = lm
@@ -43,6 +44,7 @@ fn run<B: Backend>(lm: &LoadedModel<B>) -> (Vec<f32>, Vec<u32>) {
     let n_vocab = lm.model.info().n_vocab;
     let mut last = all[all.len() - n_vocab..].to_vec();
     let mut out = Vec::new();
+    let mut steps = Vec::new();
     for _ in 0..16 {
         let t = top5(&last)[0] as u32;
         out.push(t);
@@ -50,8 +52,9 @@ fn run<B: Backend>(lm: &LoadedModel<B>) -> (Vec<f32>, Vec<u32>) {
             .model
             .forward(&lm.backend, &mut seq, &[t], Logits::Last)
             .unwrap();
+        steps.extend_from_slice(&last);
     }
-    (all, out)
+    (all, out, steps)
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -71,15 +74,15 @@ fn smollm2_on_cuda_matches_the_cpu_backend() {
     let open_cpu =
         |n| LoadedModel::open(&model_path(), CpuBackend::with_numerics(n), None).expect("model");
 
-    let (g_all, _) = run(&open_cuda(Numerics::Exact));
-    let (c_all, _) = run(&open_cpu(Numerics::Exact));
+    let (g_all, _, _) = run(&open_cuda(Numerics::Exact));
+    let (c_all, _, _) = run(&open_cpu(Numerics::Exact));
     let exact = max_diff(&g_all, &c_all);
     println!("exact numerics: max |logit(cuda) - logit(cpu)| = {exact}");
     assert!(exact < 0.1, "exact-numerics logits differ by {exact}");
 
     let gpu = open_cuda(Numerics::Production);
-    let (g_all, g_gen) = run(&gpu);
-    let (c_all, c_gen) = run(&open_cpu(Numerics::Production));
+    let (g_all, g_gen, _) = run(&gpu);
+    let (c_all, c_gen, _) = run(&open_cpu(Numerics::Production));
     let n_vocab = gpu.model.info().n_vocab;
     println!(
         "production numerics: max |logit(cuda) - logit(cpu)| = {} over {} positions",
@@ -95,4 +98,30 @@ fn smollm2_on_cuda_matches_the_cpu_backend() {
         text.starts_with("The capital of France is Paris."),
         "{text:?}"
     );
+}
+
+/// Decode steps replayed as CUDA graphs give exactly the logits of steps
+/// issued kernel by kernel (same kernels, same order).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn graph_replay_equals_direct_issue() {
+    let open = || {
+        let be = CudaBackend::new(0, Numerics::Production).expect("CUDA device");
+        LoadedModel::open(&model_path(), be, None).expect("model on CUDA")
+    };
+    let graphs = open();
+    let (_, g_gen, g_steps) = run(&graphs);
+    let stats = graphs.backend.graph_stats();
+    println!("graphs on: {stats:?}");
+    assert!(
+        stats.captured >= 1 && stats.replayed >= 10,
+        "16 decode steps of one shape should replay a graph: {stats:?}"
+    );
+
+    let direct = open();
+    direct.backend.set_graphs(false);
+    let (_, d_gen, d_steps) = run(&direct);
+    assert_eq!(direct.backend.graph_stats().replayed, 0);
+    assert_eq!(g_gen, d_gen, "greedy continuation");
+    assert_eq!(max_diff(&g_steps, &d_steps), 0.0, "decode-step logits");
 }

@@ -42,7 +42,7 @@ extern "C" __global__ void kv_store_f32(const float* k, const float* v, float* p
 }
 
 #define ATT_WARPS 4
-#define ATT_MAXD 16  // head_dim <= 32 * ATT_MAXD = 512
+// Kernels for head_dim <= 32 * MAXD: MAXD 2 (64), 4 (128), 16 (512).
 
 // Split-KV ("flash decoding"): grid = (rows, n_head, n_split); block z
 // covers positions [z * chunk, (z + 1) * chunk) of its row (clipped to
@@ -89,14 +89,14 @@ __device__ __forceinline__ float qk_dot(const float* sq, const float* p, int hd)
     return s;
 }
 
-template <class E>
+template <class E, int MAXD>
 __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u32* tables, const int* info,
                                           float* part_m, float* part_l, float* part_acc, int n_head,
                                           int n_head_kv, int hd, int bs, u64 block_elems, u64 layer_off,
                                           float scale, int chunk) {
-    __shared__ float s_q[32 * ATT_MAXD];
+    __shared__ float s_q[32 * MAXD];
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
-    __shared__ float s_acc[ATT_WARPS][32 * ATT_MAXD];
+    __shared__ float s_acc[ATT_WARPS][32 * MAXD];
     int r = blockIdx.x, h = blockIdx.y, z = blockIdx.z, n_split = gridDim.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     u64 pi = ((u64)r * n_head + h) * n_split + z;
@@ -115,9 +115,9 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
     const float* qr = q + (u64)r * q_dim + (u64)h * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) s_q[d] = qr[d];
     __syncthreads();
-    float acc[ATT_MAXD];
+    float acc[MAXD];
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD; i++) acc[i] = 0.0f;
+    for (int i = 0; i < MAXD; i++) acc[i] = 0.0f;
     float m = -__int_as_float(0x7f800000), l = 0.0f;
     for (int tb = t0 + 32 * warp; tb < t1; tb += 32 * ATT_WARPS) {
         int t = tb + lane;
@@ -134,14 +134,16 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
         float p = ok ? expf(s - m_new) : 0.0f;
         l = l * corr + warp_sum(p);
 #pragma unroll
-        for (int i = 0; i < ATT_MAXD; i++) acc[i] *= corr;
+        for (int i = 0; i < MAXD; i++) acc[i] *= corr;
         int n = min(32, t1 - tb);
+        // Unrolled so that several positions' value loads are in flight.
+#pragma unroll 8
         for (int j = 0; j < n; j++) {
             float pj = __shfl_sync(FULL_MASK, p, j);
             u64 oj = __shfl_sync(FULL_MASK, off, j);
             const E* vp = pool + oj + (u64)bs * kv_dim;
 #pragma unroll
-            for (int i = 0; i < ATT_MAXD; i++) {
+            for (int i = 0; i < MAXD; i++) {
                 int d = lane + 32 * i;
                 if (d < hd) acc[i] += pj * kv_ld(vp + d);
             }
@@ -150,7 +152,7 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
     }
     if (lane == 0) { s_m[warp] = m; s_l[warp] = l; }
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD; i++) {
+    for (int i = 0; i < MAXD; i++) {
         int d = lane + 32 * i;
         if (d < hd) s_acc[warp][d] = acc[i];
     }
@@ -177,19 +179,51 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-attn_part_f16(const float* q, const u16* pool, const u32* tables, const int* info, float* part_m, float* part_l,
-              float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems, u64 layer_off,
-              float scale, int chunk) {
-    attn_part<u16>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                   layer_off, scale, chunk);
+attn_part_f16_d2(const float* q, const u16* pool, const u32* tables, const int* info, float* part_m,
+                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
+                u64 layer_off, float scale, int chunk) {
+    attn_part<u16, 2>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
+                       layer_off, scale, chunk);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-attn_part_f32(const float* q, const float* pool, const u32* tables, const int* info, float* part_m, float* part_l,
-              float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems, u64 layer_off,
-              float scale, int chunk) {
-    attn_part<float>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                     layer_off, scale, chunk);
+attn_part_f16_d4(const float* q, const u16* pool, const u32* tables, const int* info, float* part_m,
+                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
+                u64 layer_off, float scale, int chunk) {
+    attn_part<u16, 4>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
+                       layer_off, scale, chunk);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+attn_part_f16_d16(const float* q, const u16* pool, const u32* tables, const int* info, float* part_m,
+                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
+                u64 layer_off, float scale, int chunk) {
+    attn_part<u16, 16>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
+                       layer_off, scale, chunk);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+attn_part_f32_d2(const float* q, const float* pool, const u32* tables, const int* info, float* part_m,
+                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
+                u64 layer_off, float scale, int chunk) {
+    attn_part<float, 2>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
+                       layer_off, scale, chunk);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+attn_part_f32_d4(const float* q, const float* pool, const u32* tables, const int* info, float* part_m,
+                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
+                u64 layer_off, float scale, int chunk) {
+    attn_part<float, 4>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
+                       layer_off, scale, chunk);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+attn_part_f32_d16(const float* q, const float* pool, const u32* tables, const int* info, float* part_m,
+                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
+                u64 layer_off, float scale, int chunk) {
+    attn_part<float, 16>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
+                       layer_off, scale, chunk);
 }
 
 // grid = (rows, n_head): out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M).

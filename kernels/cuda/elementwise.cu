@@ -4,14 +4,21 @@
 // from contracting products and sums into FMAs.
 
 // One block per row: out = x * (1 / sqrt(mean(x^2) + eps)) * w, the sum of
-// squares in f64 like the CPU.
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int cols, float eps) {
+// squares in f64 like the CPU. With y: x += y first (add_assign's rounding),
+// each thread adding the values it then reads back.
+__device__ __forceinline__ void rms_norm_row(float* x, const float* y, const float* w, float* out, int cols,
+                                             float eps) {
     __shared__ double part[32];
-    const float* xr = x + (u64)blockIdx.x * cols;
+    float* xr = x + (u64)blockIdx.x * cols;
     float* o = out + (u64)blockIdx.x * cols;
     double s = 0.0;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        double v = (double)xr[i];
+        float f = xr[i];
+        if (y) {
+            f = __fadd_rn(f, y[(u64)blockIdx.x * cols + i]);
+            xr[i] = f;
+        }
+        double v = (double)f;
         s += v * v;
     }
 #pragma unroll
@@ -29,6 +36,15 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     __syncthreads();
     float scale = (float)(1.0 / sqrt(part[0] / (double)cols + (double)eps));
     for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int cols, float eps) {
+    rms_norm_row((float*)x, nullptr, w, out, cols, eps);
+}
+
+extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int cols,
+                                        float eps) {
+    rms_norm_row(x, y, w, out, cols, eps);
 }
 
 extern "C" __global__ void swiglu(const float* g, const float* u, float* out, u64 n) {

@@ -165,6 +165,155 @@ __device__ __forceinline__ void mm_q(const u8* W, u64 row_bytes, const i8* aq, c
     }
 }
 
+// ---- one token (decode), production ------------------------------------
+//
+// Bandwidth-bound: every weight byte is read once. TPR threads (32, 64 or
+// 128: whole warps) share one weight row, each taking every TPR-th
+// 32-value chunk, so that rows of a few thousand values still spread over
+// enough threads to keep the memory system busy (one chunk per thread and
+// iteration keeps registers, and so occupancy, where it must be); a
+// 128-thread block holds 128 / TPR rows. The integer work per chunk is
+// mm_q's. grid = ceil(n_out / (128 / TPR)).
+
+// The row's sum over its TPR threads to out[row] (+ bias[row], rounded as
+// a separate add_bias would be).
+template <int TPR>
+__device__ __forceinline__ void mv_store(float acc, float* s_part, bool live, int g, int row, float* out,
+                                         const float* bias) {
+    acc = warp_sum(acc);
+    if (TPR > WARP) {
+        if (threadIdx.x % WARP == 0) s_part[threadIdx.x / WARP] = acc;
+        __syncthreads();
+        int first = (threadIdx.x - g) / WARP;  // the row's first warp
+        acc = 0.0f;
+        for (int w = 0; w < TPR / WARP; w++) acc += s_part[first + w];
+    }
+    if (live && g == 0) out[row] = bias ? __fadd_rn(acc, bias[row]) : acc;
+}
+
+template <class T, int TPR>
+__device__ __forceinline__ void mv_q(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
+                                     const float* as, const int* bs, float* out, int n_out,
+                                     int n_in, const float* bias) {
+    __shared__ float s_part[128 / WARP];
+    int g = threadIdx.x % TPR;                      // thread within the row
+    int row = blockIdx.x * (128 / TPR) + threadIdx.x / TPR;
+    bool live = row < n_out;                        // uniform per warp
+    const u8* wr = W + (u64)min(row, n_out - 1) * row_bytes;
+    int nch = n_in / 32;
+    float acc = 0.0f;
+    if (live) {
+#pragma unroll 4
+        for (int base = 0; base < nch; base += TPR) {
+            int c = base + g;
+            bool ok = c < nch;
+            int b = c / T::NSUB, sub = c % T::NSUB;
+            const u8* blk = wr + (u64)b * T::BYTES;
+            int q[8];
+            int s0 = 0, s1 = 0, m = 0;
+            int isum = 0, summs = 0;
+            if (ok) {
+                load_chunk<T>(blk, sub, q, s0, s1, m);
+                const int4* ap = (const int4*)(aq + 32 * (u64)c);
+                int4 a0 = ap[0], a1 = ap[1];
+                int lo = 0, hi = 0;
+                lo = __dp4a(q[0], a0.x, lo);
+                lo = __dp4a(q[1], a0.y, lo);
+                lo = __dp4a(q[2], a0.z, lo);
+                lo = __dp4a(q[3], a0.w, lo);
+                hi = __dp4a(q[4], a1.x, hi);
+                hi = __dp4a(q[5], a1.y, hi);
+                hi = __dp4a(q[6], a1.z, hi);
+                hi = __dp4a(q[7], a1.w, hi);
+                isum = s0 * lo + s1 * hi;
+                if (T::ACT == 2) summs = m * (bs[2 * c] + bs[2 * c + 1]);
+            }
+#pragma unroll
+            for (int o = T::NSUB / 2; o > 0; o >>= 1) {
+                isum += __shfl_xor_sync(FULL_MASK, isum, o);
+                summs += __shfl_xor_sync(FULL_MASK, summs, o);
+            }
+            if (ok && sub == 0)
+                acc += T::combine(blk, isum, summs, ad[b], T::ACT == 1 ? as[b] : 0.0f);
+        }
+    }
+    mv_store<TPR>(acc, s_part, live, g, row, out, bias);
+}
+
+// Q4_K, one token, weights 16-byte aligned: the unit of a thread is half
+// of a pair of chunks (16 bytes of quants: values 16h .. 16h + 15 of
+// chunks 2k (low nibbles) and 2k + 1 (high nibbles)), read with one
+// 16-byte load. The 8 threads of a super-block add their integer sums
+// (exact, so the block's sums equal mv_q's) and one applies combine.
+template <int TPR>
+__device__ __forceinline__ void mv_q4k16(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
+                                         const int* bs, float* out, int n_out, int n_in,
+                                         const float* bias) {
+    __shared__ float s_part[128 / WARP];
+    int g = threadIdx.x % TPR;
+    int row = blockIdx.x * (128 / TPR) + threadIdx.x / TPR;
+    bool live = row < n_out;
+    const u8* wr = W + (u64)min(row, n_out - 1) * row_bytes;
+    int nu = n_in / 32;  // units per row (as many as chunks)
+    float acc = 0.0f;
+    if (live) {
+#pragma unroll 4
+        for (int base = 0; base < nu; base += TPR) {
+            int e = base + g;
+            bool ok = e < nu;
+            int b = e / 8, k = (e % 8) / 2, h = e % 2;
+            const u8* blk = wr + (u64)b * 144;
+            int isum = 0, summs = 0;
+            if (ok) {
+                uint4 w = *(const uint4*)(blk + 16 + 32 * k + 16 * h);
+                int c0 = 8 * b + 2 * k;
+                int4 a0 = *(const int4*)(aq + 32 * (u64)c0 + 16 * h);
+                int4 a1 = *(const int4*)(aq + 32 * (u64)(c0 + 1) + 16 * h);
+                int sc0, mn0, sc1, mn1;
+                k4_scale_min(blk + 4, 2 * k, sc0, mn0);
+                k4_scale_min(blk + 4, 2 * k + 1, sc1, mn1);
+                const u32 M = 0x0f0f0f0fu;
+                int d0 = 0, d1 = 0;
+                d0 = __dp4a((int)(w.x & M), a0.x, d0);
+                d0 = __dp4a((int)(w.y & M), a0.y, d0);
+                d0 = __dp4a((int)(w.z & M), a0.z, d0);
+                d0 = __dp4a((int)(w.w & M), a0.w, d0);
+                d1 = __dp4a((int)((w.x >> 4) & M), a1.x, d1);
+                d1 = __dp4a((int)((w.y >> 4) & M), a1.y, d1);
+                d1 = __dp4a((int)((w.z >> 4) & M), a1.z, d1);
+                d1 = __dp4a((int)((w.w >> 4) & M), a1.w, d1);
+                isum = sc0 * d0 + sc1 * d1;
+                summs = mn0 * bs[2 * c0 + h] + mn1 * bs[2 * (c0 + 1) + h];
+            }
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) {
+                isum += __shfl_xor_sync(FULL_MASK, isum, o);
+                summs += __shfl_xor_sync(FULL_MASK, summs, o);
+            }
+            if (ok && e % 8 == 0) acc += TQ4_K::combine(blk, isum, summs, ad[b], 0.0f);
+        }
+    }
+    mv_store<TPR>(acc, s_part, live, g, row, out, bias);
+}
+
+extern "C" __global__ void __launch_bounds__(128) mv32_q4_k16(
+    const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,
+    float* out, int n_out, int n_in, const float* bias) {
+    mv_q4k16<32>(W, rb, aq, ad, bs, out, n_out, n_in, bias);
+}
+
+extern "C" __global__ void __launch_bounds__(128) mv64_q4_k16(
+    const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,
+    float* out, int n_out, int n_in, const float* bias) {
+    mv_q4k16<64>(W, rb, aq, ad, bs, out, n_out, n_in, bias);
+}
+
+extern "C" __global__ void __launch_bounds__(128) mv128_q4_k16(
+    const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,
+    float* out, int n_out, int n_in, const float* bias) {
+    mv_q4k16<128>(W, rb, aq, ad, bs, out, n_out, n_in, bias);
+}
+
 // ---- dequantized weights x f32 activations (exact, F32, F16) -----------
 
 template <class T, int NT>
@@ -304,10 +453,20 @@ __device__ __forceinline__ void mm_mma(const u8* W, u64 row_bytes, const i8* aq,
 }
 
 #define MM_Q(name, T)                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) mmq1_##name(                             \
+    extern "C" __global__ void __launch_bounds__(128) mv32_##name(                             \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
-        float* out, int n_out, int n_in, int n_tok) {                                         \
-        mm_q<T, 1>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok);                           \
+        float* out, int n_out, int n_in, const float* bias) {                                         \
+        mv_q<T, 32>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias);                                 \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mv64_##name(                             \
+        const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
+        float* out, int n_out, int n_in, const float* bias) {                                         \
+        mv_q<T, 64>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias);                                 \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mv128_##name(                             \
+        const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
+        float* out, int n_out, int n_in, const float* bias) {                                         \
+        mv_q<T, 128>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias);                                 \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mmq8_##name(                             \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \

@@ -30,6 +30,13 @@ __device__ __forceinline__ u32 ld32_2(const u8* p) {
     return (u32)h[0] | ((u32)h[1] << 16);
 }
 __device__ __forceinline__ u32 ld32_4(const u8* p) { return *(const u32*)p; }
+// ld32_2 from the two aligned words around p (one 32-bit load per word
+// instead of two 16-bit ones; consecutive words share a load). Reads up to
+// 4 bytes past p + 4: only where the block holds them.
+__device__ __forceinline__ u32 ld32_2w(const u8* p) {
+    const u32* a = (const u32*)((u64)p & ~(u64)3);
+    return __funnelshift_r(a[0], a[1], ((u32)(u64)p & 3) * 8);
+}
 
 
 struct TF32 {
@@ -216,8 +223,9 @@ struct TQ5_K {
 struct TQ6_K {
     static __device__ __forceinline__ int word(const u8* b, int sub, int i) {
         int h = sub >> 2, r = sub & 3;
-        u32 lo = (ld32_2(b + 64 * h + 32 * (r & 1) + 4 * i) >> (r < 2 ? 0 : 4)) & 0x0f0f0f0fu;
-        u32 hi = ((ld32_2(b + 128 + 32 * h + 4 * i) >> (2 * r)) & 0x03030303u) << 4;
+        // ql and qh end at byte 192 of the 210: ld32_2w stays in the block.
+        u32 lo = (ld32_2w(b + 64 * h + 32 * (r & 1) + 4 * i) >> (r < 2 ? 0 : 4)) & 0x0f0f0f0fu;
+        u32 hi = ((ld32_2w(b + 128 + 32 * h + 4 * i) >> (2 * r)) & 0x03030303u) << 4;
         return (int)__vsubss4(lo | hi, 0x20202020u);
     }
     static __device__ __forceinline__ void scales(const u8* b, int sub, int& s0, int& s1, int& m) {

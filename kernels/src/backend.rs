@@ -340,6 +340,39 @@ pub trait Backend: Send + Sync {
         x: &Self::Tensor,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
+    /// `outs[i][r] = ws[i] · x[r] (+ biases[i])`: several weights applied
+    /// to one input (q/k/v, gate/up), each optionally followed by
+    /// [`Backend::add_bias`]. Backends that prepare the input once per
+    /// matmul (quantized activations) prepare it once for all of them.
+    fn matmul_many(
+        &self,
+        ws: &[&Self::Weight],
+        biases: Option<&[&Self::Weight]>,
+        x: &Self::Tensor,
+        outs: &mut [&mut Self::Tensor],
+    ) -> Result<(), BackendError> {
+        assert_eq!(ws.len(), outs.len(), "matmul_many: one output per weight");
+        for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+            self.matmul(w, x, out)?;
+            if let Some(b) = biases {
+                self.add_bias(out, b[i]);
+            }
+        }
+        Ok(())
+    }
+    /// `x += y`, then `out = rms_norm(x) · w` (the residual add and the
+    /// next norm, in one pass where the backend can).
+    fn add_rms_norm(
+        &self,
+        x: &mut Self::Tensor,
+        y: &Self::Tensor,
+        w: &Self::Weight,
+        eps: f32,
+        out: &mut Self::Tensor,
+    ) {
+        self.add_assign(x, y);
+        self.rms_norm(x, w, eps, out);
+    }
     /// Rotate each head of every row in place; row `r` is at `positions[r]`.
     fn rope(&self, x: &mut Self::Tensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig);
     /// For each sequence of `seqs`: store its `k`, `v` rows at its positions

@@ -238,6 +238,106 @@ fn rms_norm_rows() {
     }
 }
 
+/// The fused residual add + norm equals the two ops, bit for bit, on the
+/// GPU, and matches the CPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn add_rms_norm_fused() {
+    let (g, c) = (gpu(Numerics::Production), CpuBackend::new());
+    let mut rng = Rng::new(31);
+    for (rows, cols) in [(1, 576), (5, 3584)] {
+        let (x, y) = (rng.vec(rows * cols, 4.0), rng.vec(rows * cols, 4.0));
+        let w: Vec<u8> = rng
+            .vec(cols, 2.0)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let (wg, wc) = (
+            bind(g, "norm", GgmlType::F32, 1, cols, &w),
+            bind(&c, "norm", GgmlType::F32, 1, cols, &w),
+        );
+        let yg = g.tensor_from(rows, cols, &y);
+        let (mut xf, mut of) = (g.tensor_from(rows, cols, &x), g.tensor(rows, cols));
+        g.add_rms_norm(&mut xf, &yg, &wg, 1e-5, &mut of);
+        let (mut xs, mut os) = (g.tensor_from(rows, cols, &x), g.tensor(rows, cols));
+        g.add_assign(&mut xs, &yg);
+        g.rms_norm(&xs, &wg, 1e-5, &mut os);
+        assert_eq!(g.to_host(&xf), g.to_host(&xs), "residual sum");
+        assert_eq!(g.to_host(&of), g.to_host(&os), "norm");
+        let (mut xc, yc, mut oc) = (
+            c.tensor_from(rows, cols, &x),
+            c.tensor_from(rows, cols, &y),
+            c.tensor(rows, cols),
+        );
+        c.add_rms_norm(&mut xc, &yc, &wc, 1e-5, &mut oc);
+        check(
+            &format!("add_rms_norm_{rows}x{cols}"),
+            &g.to_host(&of),
+            &oc.data,
+            1e-6,
+        );
+    }
+}
+
+/// Weights of different formats applied to one input (one quantization
+/// per activation format), with biases (fused into the decode kernels),
+/// give exactly what separate matmuls and bias adds give.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn matmul_many_equals_separate_matmuls() {
+    let g = gpu(Numerics::Production);
+    let mut rng = Rng::new(32);
+    let types = [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+        GgmlType::Q4_1,
+    ];
+    for n_tok in [1, 40] {
+        let ws: Vec<_> = types
+            .iter()
+            .enumerate()
+            .map(|(i, &ty)| {
+                let n_out = 64 + 32 * i;
+                let bytes = weight_bytes(ty, n_out, 1024, &mut rng);
+                bind(g, "w", ty, n_out, 1024, &bytes)
+            })
+            .collect();
+        let x = g.tensor_from(n_tok, 1024, &rng.vec(n_tok * 1024, 2.0));
+        let mut many: Vec<_> = ws.iter().map(|w| g.tensor(n_tok, w.rows)).collect();
+        let refs: Vec<_> = ws.iter().collect();
+        let mut outs: Vec<_> = many.iter_mut().collect();
+        let bias_bytes: Vec<Vec<u8>> = ws
+            .iter()
+            .map(|w| {
+                rng.vec(w.rows, 1.0)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect()
+            })
+            .collect();
+        let biases: Vec<_> = ws
+            .iter()
+            .zip(&bias_bytes)
+            .map(|(w, b)| bind(g, "b", GgmlType::F32, 1, w.rows, b))
+            .collect();
+        let bias_refs: Vec<_> = biases.iter().collect();
+        g.matmul_many(&refs, Some(&bias_refs), &x, &mut outs)
+            .unwrap();
+        for ((w, b), got) in ws.iter().zip(&biases).zip(&many) {
+            let mut want = g.tensor(n_tok, w.rows);
+            g.matmul(w, &x, &mut want).unwrap();
+            g.add_bias(&mut want, b);
+            assert_eq!(
+                g.to_host(got),
+                g.to_host(&want),
+                "{} with {n_tok} tokens",
+                w.ggml_type
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn rope_normal_and_neox() {
@@ -396,7 +496,12 @@ fn matmul_all(numerics: Numerics, tensor_cores: bool) {
             (256, 4096, 1),
             (5, 256, 9),
             (130, 1024, 70),
+            (33, 576, 1),
+            (9, 18944, 1),
         ] {
+            if ty.row_bytes(n_in).is_none() {
+                continue; // 576 values are not whole K-quant super-blocks
+            }
             let r = std::panic::catch_unwind(|| {
                 matmul_case(numerics, ty, n_out, n_in, n_tok, 100 + i as u64)
             });

@@ -12,7 +12,12 @@ use ds4_kernels::{
     AttentionConfig, Backend, HostBytes, KvPoolConfig, KvSeq, Numerics, WeightSource,
 };
 
-/// Median wall time of `f` in microseconds (after warm-up), synchronized.
+/// Runs of `f` between two synchronizations: the per-run time then holds
+/// the kernels and their launch gaps, not a host round trip each.
+const BATCH: usize = 10;
+
+/// Median wall time of one run of `f` in microseconds (after warm-up),
+/// over `iters` synchronized batches of [`BATCH`] runs.
 fn time_us(be: &CudaBackend, iters: usize, mut f: impl FnMut()) -> f64 {
     for _ in 0..5 {
         f();
@@ -21,9 +26,11 @@ fn time_us(be: &CudaBackend, iters: usize, mut f: impl FnMut()) -> f64 {
     let mut v: Vec<f64> = (0..iters)
         .map(|_| {
             let t = Instant::now();
-            f();
+            for _ in 0..BATCH {
+                f();
+            }
             be.synchronize().unwrap();
-            t.elapsed().as_secs_f64() * 1e6
+            t.elapsed().as_secs_f64() * 1e6 / BATCH as f64
         })
         .collect();
     v.sort_by(f64::total_cmp);

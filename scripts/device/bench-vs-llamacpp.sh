@@ -3,6 +3,7 @@
 #
 #   scripts/device/bench-vs-llamacpp.sh --build          # build llama.cpp (CUDA) once, ~5 min
 #   scripts/device/bench-vs-llamacpp.sh MODEL [LABEL]    # run both engines, print one table
+#   DS4_ONLY=1 scripts/device/bench-vs-llamacpp.sh MODEL  # ds4 alone (while iterating)
 #
 # The build unpacks the llama.cpp sources packed by
 # scripts/device/pack-llamacpp.sh (LLAMA_SRC, default
@@ -12,7 +13,8 @@
 # Tests: decode at batch 1 (tg128), prefill of 512 and 4,096 tokens
 # (pp512, pp4096), aggregate decode of 16 and 64 concurrent streams
 # (64-token prompts, 128 generated tokens each). Logs go to OUT (default
-# /tmp/ds4-bench-logs).
+# /tmp/ds4-bench-logs). QUICK=1 runs only tg128 and pp512, once each,
+# and no stream tests.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 work="${WORK:-/tmp/ds4-llamacpp}"
@@ -37,36 +39,49 @@ fi
 
 model="${1:?usage: $0 MODEL [LABEL] | --build}"
 label="${2:-$(basename "$model")}"
-[[ -x "$lbuild/bin/llama-bench" ]] || { echo "error: llama.cpp is not built; run $0 --build first" >&2; exit 1; }
+ds4_only="${DS4_ONLY:-0}"
+prompts=512,4096
+[[ "${QUICK:-0}" == 1 ]] && { prompts=512; reps=1; }
+if [[ "$ds4_only" != 1 ]]; then
+  [[ -x "$lbuild/bin/llama-bench" ]] || { echo "error: llama.cpp is not built; run $0 --build first" >&2; exit 1; }
+fi
 export LD_LIBRARY_PATH="$lbuild/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+rm -f "$out"/ds4-single.jsonl "$out"/ds4-streams.jsonl "$out"/llama-bench.json "$out"/llama-batched.txt
 
 echo "== ds4-bench (single sequence)" >&2
-"$bin/ds4-bench" -m "$model" --device cuda -p 512,4096 -n 128 -r "$reps" --json >"$out/ds4-single.jsonl" 2>"$out/ds4-single.log"
-echo "== ds4-bench (concurrent streams)" >&2
-"$bin/ds4-bench" -m "$model" --device cuda --concurrency 1,16,64 --stream-prompt 64 --gen 128 --json \
-  >"$out/ds4-streams.jsonl" 2>"$out/ds4-streams.log"
+"$bin/ds4-bench" -m "$model" --device cuda -p "$prompts" -n 128 -r "$reps" --json >"$out/ds4-single.jsonl" 2>"$out/ds4-single.log"
+if [[ "${QUICK:-0}" != 1 ]]; then
+  echo "== ds4-bench (concurrent streams)" >&2
+  "$bin/ds4-bench" -m "$model" --device cuda --concurrency 1,16,64 --stream-prompt 64 --gen 128 --json \
+    >"$out/ds4-streams.jsonl" 2>"$out/ds4-streams.log"
+fi
+if [[ "$ds4_only" != 1 ]]; then
 echo "== llama-bench" >&2
 "$lbuild/bin/llama-bench" -m "$model" -ngl 99 -fa 1 -p 512,4096 -n 128 -r "$reps" -o json \
   >"$out/llama-bench.json" 2>"$out/llama-bench.log"
 echo "== llama-batched-bench" >&2
 "$lbuild/bin/llama-batched-bench" -m "$model" -ngl 99 -fa on -c 16384 -b 2048 -ub 512 \
   -npp 64 -ntg 128 -npl 1,16,64 >"$out/llama-batched.txt" 2>"$out/llama-batched.log"
+fi
 
 python3 - "$out" "$label" <<'PY'
-import json, sys, re
+import json, os, sys, re
 out, label = sys.argv[1], sys.argv[2]
+def lines(name):
+    path = f"{out}/{name}"
+    return open(path).read().splitlines() if os.path.exists(path) else []
 ds4 = {}
-for line in open(f"{out}/ds4-single.jsonl"):
+for line in lines("ds4-single.jsonl"):
     r = json.loads(line); ds4[r["test"]] = r["tokens_per_s"]
-for line in open(f"{out}/ds4-streams.jsonl"):
+for line in lines("ds4-streams.jsonl"):
     r = json.loads(line)
     if r.get("bench") == "concurrency":
         ds4[f"agg{r['streams']}"] = r["aggregate_tps"]
 ll = {}
-for r in json.load(open(f"{out}/llama-bench.json")):
+for r in json.loads("\n".join(lines("llama-bench.json")) or "[]"):
     n_p, n_g = r["n_prompt"], r["n_gen"]
     ll[f"pp{n_p}" if n_g == 0 else f"tg{n_g}"] = r["avg_ts"]
-for line in open(f"{out}/llama-batched.txt"):
+for line in lines("llama-batched.txt"):
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
     if len(cells) >= 8 and cells[0].isdigit():
         # PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | ...

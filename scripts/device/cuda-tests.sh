@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # CUDA backend tests on an NVIDIA GPU: the ignored parity tests of
-# kernels/tests/cuda_parity.rs (every op against the CPU reference).
+# kernels/tests/cuda_parity.rs (every op against the CPU reference) and,
+# when DS4_TEST_MODEL names the SmolLM2 GGUF, the end-to-end tests of
+# inference-worker/tests/cuda_e2e.rs (CPU parity, CUDA graph replay).
 #
 #   scripts/device/cuda-tests.sh --build   # dev machine: build, strip and
 #                                          # copy the test binaries to .device/bin
@@ -23,7 +25,9 @@ if [[ "${1:-}" == "--build" ]]; then
     log="$(mktemp)"
     (cd "$root" && cargo test -p ds4-kernels --features cuda --release --no-run \
         --test cuda_parity --test cuda_compile --test cuda_perf 2>&1 | tee "$log" >&2)
-    for t in cuda_parity cuda_compile cuda_perf; do
+    (cd "$root" && cargo test -p ds4-inference-worker --release --no-run \
+        --test cuda_e2e 2>&1 | tee -a "$log" >&2)
+    for t in cuda_parity cuda_compile cuda_perf cuda_e2e; do
         exe="$(sed -n "s|.*Executable tests/$t.rs (\(.*\))|\1|p" "$log" | tail -n1)"
         [[ "$exe" = /* ]] || exe="$root/$exe"
         cp "$exe" "$bin/$t"
@@ -41,7 +45,9 @@ export NO_COLOR=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv >"$out/gpu.txt" 2>&1 || true
 
 status=0
-for t in cuda_compile cuda_parity cuda_perf; do
+tests=(cuda_compile cuda_parity cuda_perf)
+[[ -n "${DS4_TEST_MODEL:-}" ]] && tests+=(cuda_e2e)
+for t in "${tests[@]}"; do
     exe="$bin/$t"
     if [[ ! -x "$exe" ]]; then
         echo "missing $exe (run scripts/device/cuda-tests.sh --build first)" | tee -a "$out/summary.log"
@@ -67,7 +73,7 @@ echo
 cat "$out/perf.txt"
 echo
 echo "test                                              result"
-grep -hE '^test .* \.\.\. (ok|FAILED|ignored)' "$out"/cuda_compile.log "$out"/cuda_parity.log "$out"/cuda_perf.log 2>/dev/null \
+grep -hE '^test .* \.\.\. (ok|FAILED|ignored)' "$out"/cuda_*.log 2>/dev/null \
     | sed -E 's/^test (.*) \.\.\. (.*)$/\1|\2/' | awk -F'|' '{ printf "%-50s %s\n", $1, $2 }'
 cat "$out/summary.log"
 exit $status

@@ -66,6 +66,10 @@ pub fn attention(
         });
     }
     let bs = pc.block_size;
+    // Each sequence's table padded to the context bucket, so that the
+    // upload's size (and so the recorded pass) stays the same from one
+    // decode step to the next.
+    let table_len = bucket(max_len(seqs)).div_ceil(bs);
     let mut info = vec![-1i32; 4 * q.rows];
     let mut tables: Vec<u32> = Vec::new();
     for s in seqs {
@@ -98,6 +102,7 @@ pub fn attention(
         }
         let toff = tables.len() as i32;
         tables.extend_from_slice(&s.blocks[..end.div_ceil(bs)]);
+        tables.resize(toff as usize + table_len, 0);
         for i in 0..s.n_rows {
             let p = s.pos + i;
             let r = s.row + i;
@@ -123,40 +128,49 @@ pub fn attention(
     let elem = pool.dtype.bytes();
     let block_elems = (pc.block_bytes(pool.dtype) / elem) as u64;
     let layer_off = (layer * 2 * bs * kv_dim) as u64;
-    let (qp, kp, vp, pp, op) = (
-        be.ptr(&q.buf),
-        be.ptr(&k.buf),
-        be.ptr(&v.buf),
-        be.ptr(&pool.buf),
-        be.ptr(&out.buf),
-    );
+    let (qp, kp, vp, pp, op) = (q.ptr, k.ptr, v.ptr, be.ptr(&pool.buf), out.ptr);
     let (kv_dim_i, bs_i) = (kv_dim as i32, bs as i32);
-    let (store, part) = match pool.dtype {
-        KvDtype::F16 => ("kv_store_f16", "attn_part_f16"),
-        KvDtype::F32 => ("kv_store_f32", "attn_part_f32"),
+    let (store, elem_name) = match pool.dtype {
+        KvDtype::F16 => ("kv_store_f16", "f16"),
+        KvDtype::F32 => ("kv_store_f32", "f32"),
     };
+    // Registers per lane for a head: kernels for 64, 128 and 512 dims.
+    let maxd = match hd.div_ceil(32) {
+        0..=2 => 2,
+        3..=4 => 4,
+        _ => 16,
+    };
+    let part = format!("attn_part_{elem_name}_d{maxd}");
     launch!(be, store, (q.rows as u32, 1, 1), 128;
         &kp, &vp, &pp, &ip, &kv_dim_i, &bs_i, &block_elems, &layer_off)?;
     // Split the positions so that short batches still fill the GPU.
-    let max_len = seqs
-        .iter()
-        .map(|s| s.pos + s.n_rows)
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let (n_split, chunk) = split(q.rows * cfg.n_head, max_len);
+    let (n_split, chunk) = split(q.rows * cfg.n_head, bucket(max_len(seqs)));
     let parts = q.rows * cfg.n_head * n_split;
-    let part_m = be.scratch::<f32>(parts)?;
-    let part_l = be.scratch::<f32>(parts)?;
-    let part_acc = be.scratch::<f32>(parts * hd)?;
-    let (pm, pl, pa) = (be.ptr(&part_m), be.ptr(&part_l), be.ptr(&part_acc));
+    let s = be.scratch(&[4 * parts, 4 * parts, 4 * parts * hd])?;
+    let (pm, pl, pa) = (s[0], s[1], s[2]);
     let (nh, nkv, hd_i) = (cfg.n_head as i32, cfg.n_head_kv as i32, hd as i32);
     let (n_split_i, chunk_i) = (n_split as i32, chunk as i32);
-    launch!(be, part, (q.rows as u32, cfg.n_head as u32, n_split as u32), 128;
+    launch!(be, part.as_str(), (q.rows as u32, cfg.n_head as u32, n_split as u32), 128;
         &qp, &pp, &tp, &ip, &pm, &pl, &pa, &nh, &nkv, &hd_i, &bs_i, &block_elems, &layer_off,
         &cfg.scale, &chunk_i)?;
     launch!(be, "attn_merge", (q.rows as u32, cfg.n_head as u32, 1), 128;
         &pm, &pl, &pa, &ip, &op, &nh, &hd_i, &n_split_i)
+}
+
+/// The longest sequence of a batch, in positions (at least 1).
+fn max_len(seqs: &[KvSeq<'_>]) -> usize {
+    seqs.iter()
+        .map(|s| s.pos + s.n_rows)
+        .max()
+        .unwrap_or(0)
+        .max(1)
+}
+
+/// Context lengths rounded up to a power of two (at least 256): the
+/// attention grid depends only on the bucket, so consecutive decode steps
+/// launch the same work (the kernel clips each row to its own position).
+fn bucket(len: usize) -> usize {
+    len.next_power_of_two().max(256)
 }
 
 /// Blocks the attention grid aims for (a few waves over an H200's 132 SMs).

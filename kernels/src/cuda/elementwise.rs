@@ -1,11 +1,46 @@
-//! Wrappers of `kernels/cuda/elementwise.cu`: RMSNorm, SwiGLU, residual
-//! add, bias add, RoPE, argmax.
+//! Wrappers of `kernels/cuda/elementwise.cu`: RMSNorm (alone and fused
+//! with the residual add), SwiGLU, residual add, bias add, RoPE, argmax.
 
 use super::{CudaBackend, CudaTensor, CudaWeight};
 use crate::backend::{BackendError, RopeConfig, RopeMode};
 
+/// Threads of a norm's one block per row: a few values each (decode has
+/// a single row, so one block does all the work).
+fn norm_threads(cols: usize) -> u32 {
+    (cols.div_ceil(4).next_multiple_of(32)).clamp(64, 1024) as u32
+}
+
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per).max(1) as u32
+}
+
+/// `x += y`, then `out = rms_norm(x) · w`, one block per row (the same
+/// sums in the same order as `add_assign` then `rms_norm`).
+pub fn add_rms_norm(
+    be: &CudaBackend,
+    x: &mut CudaTensor,
+    y: &CudaTensor,
+    w: &CudaWeight,
+    eps: f32,
+    out: &mut CudaTensor,
+) -> Result<(), BackendError> {
+    assert_eq!((x.rows, x.cols), (y.rows, y.cols), "add_rms_norm: shapes");
+    assert_eq!(
+        (x.rows, x.cols),
+        (out.rows, out.cols),
+        "add_rms_norm: shapes"
+    );
+    assert_eq!(w.cols, x.cols, "add_rms_norm: weight length");
+    let dense = w
+        .dense
+        .as_ref()
+        .expect("element-wise weight is one row and bound dense");
+    if x.rows == 0 {
+        return Ok(());
+    }
+    let (xp, yp, wp, op) = (x.ptr, y.ptr, be.ptr(dense), out.ptr);
+    let cols = x.cols as i32;
+    launch!(be, "add_rms_norm", (x.rows as u32, 1, 1), norm_threads(x.cols); &xp, &yp, &wp, &op, &cols, &eps)
 }
 
 pub fn rms_norm(
@@ -24,9 +59,9 @@ pub fn rms_norm(
     if x.rows == 0 {
         return Ok(());
     }
-    let (xp, wp, op) = (be.ptr(&x.buf), be.ptr(dense), be.ptr(&out.buf));
+    let (xp, wp, op) = (x.ptr, be.ptr(dense), out.ptr);
     let cols = x.cols as i32;
-    launch!(be, "rms_norm", (x.rows as u32, 1, 1), 256; &xp, &wp, &op, &cols, &eps)
+    launch!(be, "rms_norm", (x.rows as u32, 1, 1), norm_threads(x.cols); &xp, &wp, &op, &cols, &eps)
 }
 
 pub fn swiglu(
@@ -41,7 +76,7 @@ pub fn swiglu(
     if n == 0 {
         return Ok(());
     }
-    let (gp, upp, op) = (be.ptr(&gate.buf), be.ptr(&up.buf), be.ptr(&out.buf));
+    let (gp, upp, op) = (gate.ptr, up.ptr, out.ptr);
     let n64 = n as u64;
     launch!(be, "swiglu", (blocks(n, 256), 1, 1), 256; &gp, &upp, &op, &n64)
 }
@@ -56,7 +91,7 @@ pub fn add_assign(
     if n == 0 {
         return Ok(());
     }
-    let (xp, yp) = (be.ptr(&x.buf), be.ptr(&y.buf));
+    let (xp, yp) = (x.ptr, y.ptr);
     let n64 = n as u64;
     launch!(be, "add_assign", (blocks(n, 256), 1, 1), 256; &xp, &yp, &n64)
 }
@@ -75,7 +110,7 @@ pub fn add_bias(
     if n == 0 {
         return Ok(());
     }
-    let (xp, bp) = (be.ptr(&x.buf), be.ptr(dense));
+    let (xp, bp) = (x.ptr, be.ptr(dense));
     let (n64, cols) = (n as u64, x.cols as u64);
     launch!(be, "add_bias", (blocks(n, 256), 1, 1), 256; &xp, &bp, &n64, &cols)
 }
@@ -97,7 +132,7 @@ pub fn rope(
     if n == 0 {
         return Ok(());
     }
-    let (xp, pp) = (be.ptr(&x.buf), be.upload_cached(positions)?);
+    let (xp, pp) = (x.ptr, be.upload_cached(positions)?);
     let (rows, cols, hd, n_rot) = (
         x.rows as i32,
         x.cols as i32,
@@ -116,13 +151,8 @@ pub fn argmax_rows(be: &CudaBackend, x: &CudaTensor) -> Result<Vec<u32>, Backend
     if x.rows == 0 {
         return Ok(Vec::new());
     }
-    let out = be.scratch::<u32>(x.rows)?;
-    let (xp, op) = (be.ptr(&x.buf), be.ptr(&out));
+    let (xp, op) = (x.ptr, be.scratch(&[4 * x.rows])?[0]);
     let cols = x.cols as i32;
     launch!(be, "argmax_rows", (x.rows as u32, 1, 1), 1024; &xp, &op, &cols)?;
-    let mut v = vec![0u32; x.rows];
-    be.stream
-        .memcpy_dtoh(&out.slice(..x.rows), &mut v)
-        .map_err(|e| super::dev_err("argmax copy", e))?;
-    Ok(v)
+    be.read_back(op, x.rows)
 }

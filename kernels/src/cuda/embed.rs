@@ -10,14 +10,30 @@ pub fn embed(
     ids: &[u32],
     out: &mut CudaTensor,
 ) -> Result<(), BackendError> {
-    if out.rows != ids.len() || out.cols != table.cols {
+    if out.rows != ids.len() {
+        return Err(BackendError::Shape {
+            op: "embed",
+            detail: format!("{} ids into {} rows", ids.len(), out.rows),
+        });
+    }
+    embed_ptr(be, table, ids, out.ptr, out.cols)
+}
+
+/// Gathers rows `ids` of `table` into `ids.len()` rows of `cols` f32 at
+/// device address `out`.
+pub fn embed_ptr(
+    be: &CudaBackend,
+    table: &CudaWeight,
+    ids: &[u32],
+    out: u64,
+    cols: usize,
+) -> Result<(), BackendError> {
+    if cols != table.cols {
         return Err(BackendError::Shape {
             op: "embed",
             detail: format!(
-                "{} ids into [{}, {}], table width {}",
+                "{} ids into rows of {cols}, table width {}",
                 ids.len(),
-                out.rows,
-                out.cols,
                 table.cols
             ),
         });
@@ -46,8 +62,7 @@ pub fn embed(
         Some("q6_k") => "embed_q6_k",
         _ => unreachable!("bound weights have a CUDA type"),
     };
-    let idb = be.upload(ids)?;
-    let (wp, ip, op) = (be.weight_ptr(table), be.ptr(&idb), be.ptr(&out.buf));
+    let (wp, ip, op) = (be.weight_ptr(table), be.upload_cached(ids)?, out);
     let rb = table.row_bytes as u64;
     let cols = table.cols as i32;
     launch!(be, name, (ids.len() as u32, 1, 1), 128; &wp, &rb, &ip, &op, &cols)

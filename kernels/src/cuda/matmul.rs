@@ -4,8 +4,8 @@
 //! weight's `vec_dot_type` (Q8_0, Q8_1, Q8_K; F16 weights: rounded to f16)
 //! exactly as [`crate::quant::quantize_row`] does, then integer block dots.
 //! Exact numerics (and F32 weights): weights dequantized in registers, f32
-//! dots with unrounded activations. Decode (one token) runs one warp per
-//! weight row with dp4a; batches of quantized production matmuls run on
+//! dots with unrounded activations. Decode (one token) runs 32 to 128
+//! threads per weight row with dp4a; batches of quantized production matmuls run on
 //! int8 tensor cores (sm_80+, 16 rows x 32 tokens per warp), otherwise
 //! on the dp4a kernel with eight tokens sharing each unpacked chunk.
 
@@ -26,19 +26,220 @@ pub fn matmul(
     x: &CudaTensor,
     out: &mut CudaTensor,
 ) -> Result<(), BackendError> {
-    if x.cols != w.cols || out.rows != x.rows || out.cols != w.rows {
-        return Err(BackendError::Shape {
-            op: "matmul",
-            detail: format!(
-                "{} is [{}, {}], x is [{}, {}], out is [{}, {}]",
-                w.name, w.rows, w.cols, x.rows, x.cols, out.rows, out.cols
-            ),
-        });
+    matmul_many(be, &[w], None, x, &mut [out])
+}
+
+/// `outs[i] = ws[i] · x (+ biases[i])`, quantizing `x` once for each
+/// activation format the weights need (q/k/v or gate/up share one
+/// quantization); the decode kernels add the bias as they store.
+pub fn matmul_many(
+    be: &CudaBackend,
+    ws: &[&CudaWeight],
+    biases: Option<&[&CudaWeight]>,
+    x: &CudaTensor,
+    outs: &mut [&mut CudaTensor],
+) -> Result<(), BackendError> {
+    assert_eq!(ws.len(), outs.len(), "matmul_many: one output per weight");
+    if let Some(b) = biases {
+        assert_eq!(b.len(), ws.len(), "matmul_many: one bias per weight");
+        for (w, b) in ws.iter().zip(b) {
+            assert_eq!(b.cols, w.rows, "matmul_many: bias length of {}", w.name);
+        }
     }
-    let (n_tok, n_in, n_out) = (x.rows, x.cols, w.rows);
-    if n_tok == 0 || n_out == 0 {
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        if x.cols != w.cols || out.rows != x.rows || out.cols != w.rows {
+            return Err(BackendError::Shape {
+                op: "matmul",
+                detail: format!(
+                    "{} is [{}, {}], x is [{}, {}], out is [{}, {}]",
+                    w.name, w.rows, w.cols, x.rows, x.cols, out.rows, out.cols
+                ),
+            });
+        }
+    }
+    if x.rows == 0 {
         return Ok(());
     }
+    // Activation formats the production integer path needs, each
+    // quantized once into this op's scratch; F16 weights read the input
+    // rounded to f16 (as ggml does), also made once.
+    let mut acts: Vec<(GgmlType, Act)> = Vec::new();
+    let mut f16_x = x.ptr;
+    if be.numerics == Numerics::Production {
+        let formats: Vec<GgmlType> = ws
+            .iter()
+            .filter(|w| w.ggml_type.is_quantized())
+            .map(|w| w.ggml_type.vec_dot_type())
+            .fold(Vec::new(), |mut v, a| {
+                if !v.contains(&a) {
+                    v.push(a);
+                }
+                v
+            });
+        let n = x.rows * x.cols;
+        let mut sizes: Vec<usize> = formats.iter().flat_map(|&a| act_sizes(a, n)).collect();
+        let round = ws.iter().any(|w| w.ggml_type == GgmlType::F16);
+        if round {
+            sizes.push(4 * n);
+        }
+        let s = be.scratch(&sizes)?;
+        if round {
+            let (xp, xr, n_i) = (x.ptr, s[sizes.len() - 1], n as i32);
+            launch!(be, "round_f16", (n.div_ceil(256) as u32, 1, 1), 256; &xp, &xr, &n_i)?;
+            f16_x = xr;
+        }
+        for (i, &a) in formats.iter().enumerate() {
+            let act = Act {
+                aq: s[4 * i],
+                ad: s[4 * i + 1],
+                asum: s[4 * i + 2],
+                bs: s[4 * i + 3],
+            };
+            quantize(be, a, x, &act)?;
+            acts.push((a, act));
+        }
+    }
+    for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+        if w.rows == 0 {
+            continue;
+        }
+        let bias = biases.map(|b| b[i]);
+        let act = acts
+            .iter()
+            .find(|(a, _)| w.ggml_type.is_quantized() && *a == w.ggml_type.vec_dot_type())
+            .map(|(_, act)| act);
+        let fused = match act {
+            Some(act) => launch_quantized(be, w, x.rows, act, bias, out)?,
+            None if w.ggml_type == GgmlType::F16 => launch_float(be, w, f16_x, x.rows, out)?,
+            None => launch_float(be, w, x.ptr, x.rows, out)?,
+        };
+        if let (Some(b), false) = (bias, fused) {
+            super::elementwise::add_bias(be, out, b)?;
+        }
+    }
+    Ok(())
+}
+
+/// Device buffers of one quantized activation (see matmul.cu).
+struct Act {
+    aq: u64,
+    ad: u64,
+    asum: u64,
+    bs: u64,
+}
+
+/// Byte sizes of [`Act`]'s buffers for `n` values in format `act`.
+fn act_sizes(act: GgmlType, n: usize) -> [usize; 4] {
+    [
+        n,
+        4 * (n / 32),
+        if act == GgmlType::Q8_1 {
+            4 * (n / 32)
+        } else {
+            4
+        },
+        if act == GgmlType::Q8_K {
+            4 * (n / 16)
+        } else {
+            4
+        },
+    ]
+}
+
+fn quantize(be: &CudaBackend, act: GgmlType, x: &CudaTensor, a: &Act) -> Result<(), BackendError> {
+    let n = x.rows * x.cols;
+    let (xp, n_in_i) = (x.ptr, x.cols as i32);
+    match act {
+        GgmlType::Q8_0 | GgmlType::Q8_1 => {
+            let n_i = n as i32;
+            let with_sum = i32::from(act == GgmlType::Q8_1);
+            launch!(be, "act_q8_0", (n.div_ceil(256) as u32, 1, 1), 256;
+                &xp, &a.aq, &a.ad, &a.asum, &n_i, &with_sum)
+        }
+        GgmlType::Q8_K => {
+            launch!(be, "act_q8_k", ((n / 256) as u32, 1, 1), 256;
+                &xp, &a.aq, &a.ad, &a.bs, &n_in_i)
+        }
+        other => unreachable!("quantized weights dot with q8 activations, not {other}"),
+    }
+}
+
+/// Integer block dots against a quantized activation; returns whether
+/// `bias` was added too (the decode kernels add it as they store).
+fn launch_quantized(
+    be: &CudaBackend,
+    w: &CudaWeight,
+    n_tok: usize,
+    a: &Act,
+    bias: Option<&CudaWeight>,
+    out: &mut CudaTensor,
+) -> Result<bool, BackendError> {
+    let (n_in, n_out) = (w.cols, w.rows);
+    let suffix = kernel_suffix(w.ggml_type).expect("bound weights have a CUDA type");
+    let (wp, rb, op) = (be.weight_ptr(w), w.row_bytes as u64, out.ptr);
+    let (n_out_i, n_in_i, n_tok_i) = (n_out as i32, n_in as i32, n_tok as i32);
+    if n_tok == 1 {
+        // Threads per weight row: about one 32-value chunk each, from a
+        // warp to a block (see mv_q in matmul.cu).
+        let tpr = match n_in / 32 {
+            96.. => 128,
+            48.. => 64,
+            _ => 32,
+        };
+        // Q4_K rows read with 16-byte loads where the weight allows it.
+        let suffix = if w.ggml_type == GgmlType::Q4_K && wp.is_multiple_of(16) {
+            "q4_k16"
+        } else {
+            suffix
+        };
+        let name = format!("mv{tpr}_{suffix}");
+        let grid = (n_out.div_ceil(128 / tpr) as u32, 1, 1);
+        let bp = match bias {
+            Some(b) => be.ptr(
+                b.dense
+                    .as_ref()
+                    .expect("element-wise weight is one row and bound dense"),
+            ),
+            None => 0u64,
+        };
+        launch!(be, name.as_str(), grid, 128;
+            &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &op, &n_out_i, &n_in_i, &bp)?;
+        return Ok(bias.is_some());
+    }
+    let (name, grid) = if be.tensor_cores() {
+        (
+            format!("mma_{suffix}"),
+            (
+                n_out.div_ceil(16 * MMA_WARPS) as u32,
+                n_tok.div_ceil(8 * MMA_TOKEN_TILES) as u32,
+                1,
+            ),
+        )
+    } else {
+        (
+            format!("mmq8_{suffix}"),
+            (
+                n_out.div_ceil(ROWS_PER_BLOCK) as u32,
+                n_tok.div_ceil(8) as u32,
+                1,
+            ),
+        )
+    };
+    launch!(be, name.as_str(), grid, 128;
+        &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &op, &n_out_i, &n_in_i, &n_tok_i)?;
+    Ok(false)
+}
+
+/// Float dots (exact numerics, F32 and F16 weights) against `n_tok` rows
+/// of f32 at `xp`.
+fn launch_float(
+    be: &CudaBackend,
+    w: &CudaWeight,
+    xp: u64,
+    n_tok: usize,
+    out: &mut CudaTensor,
+) -> Result<bool, BackendError> {
+    let (n_in, n_out) = (w.cols, w.rows);
     let nt = if n_tok == 1 { 1 } else { 8 };
     let grid = (
         n_out.div_ceil(ROWS_PER_BLOCK) as u32,
@@ -46,65 +247,9 @@ pub fn matmul(
         1,
     );
     let suffix = kernel_suffix(w.ggml_type).expect("bound weights have a CUDA type");
-    let wp = be.weight_ptr(w);
-    let rb = w.row_bytes as u64;
+    let (wp, rb, op) = (be.weight_ptr(w), w.row_bytes as u64, out.ptr);
     let (n_out_i, n_in_i, n_tok_i) = (n_out as i32, n_in as i32, n_tok as i32);
-    let op = be.ptr(&out.buf);
-    let quantized = w.ggml_type.is_quantized();
-
-    if be.numerics == Numerics::Production && quantized {
-        let act = w.ggml_type.vec_dot_type();
-        let n = n_tok * n_in;
-        let aq = be.scratch::<i8>(n)?;
-        let ad = be.scratch::<f32>(n / 32)?;
-        let asum = be.scratch::<f32>(if act == GgmlType::Q8_1 { n / 32 } else { 1 })?;
-        let bs = be.scratch::<i32>(if act == GgmlType::Q8_K { n / 16 } else { 1 })?;
-        let (xp, aqp, adp, asp, bsp) = (
-            be.ptr(&x.buf),
-            be.ptr(&aq),
-            be.ptr(&ad),
-            be.ptr(&asum),
-            be.ptr(&bs),
-        );
-        match act {
-            GgmlType::Q8_0 | GgmlType::Q8_1 => {
-                let n_i = n as i32;
-                let with_sum = i32::from(act == GgmlType::Q8_1);
-                launch!(be, "act_q8_0", (n.div_ceil(256) as u32, 1, 1), 256;
-                    &xp, &aqp, &adp, &asp, &n_i, &with_sum)?;
-            }
-            GgmlType::Q8_K => {
-                launch!(be, "act_q8_k", ((n / 256) as u32, 1, 1), 256;
-                    &xp, &aqp, &adp, &bsp, &n_in_i)?;
-            }
-            other => unreachable!("quantized weights dot with q8 activations, not {other}"),
-        }
-        if n_tok > 1 && be.tensor_cores() {
-            let name = format!("mma_{suffix}");
-            let grid = (
-                n_out.div_ceil(16 * MMA_WARPS) as u32,
-                n_tok.div_ceil(8 * MMA_TOKEN_TILES) as u32,
-                1,
-            );
-            return launch!(be, name.as_str(), grid, 128;
-                &wp, &rb, &aqp, &adp, &asp, &bsp, &op, &n_out_i, &n_in_i, &n_tok_i);
-        }
-        let name = format!("mmq{nt}_{suffix}");
-        return launch!(be, name.as_str(), grid, 128;
-            &wp, &rb, &aqp, &adp, &asp, &bsp, &op, &n_out_i, &n_in_i, &n_tok_i);
-    }
-
     let name = format!("mmf{nt}_{suffix}");
-    if be.numerics == Numerics::Production && w.ggml_type == GgmlType::F16 {
-        // ggml rounds activations to the weight's float format first.
-        let n = n_tok * n_in;
-        let xr = be.scratch::<f32>(n)?;
-        let (xp, xrp) = (be.ptr(&x.buf), be.ptr(&xr));
-        let n_i = n as i32;
-        launch!(be, "round_f16", (n.div_ceil(256) as u32, 1, 1), 256; &xp, &xrp, &n_i)?;
-        return launch!(be, name.as_str(), grid, 128;
-            &wp, &rb, &xrp, &op, &n_out_i, &n_in_i, &n_tok_i);
-    }
-    let xp = be.ptr(&x.buf);
-    launch!(be, name.as_str(), grid, 128; &wp, &rb, &xp, &op, &n_out_i, &n_in_i, &n_tok_i)
+    launch!(be, name.as_str(), grid, 128; &wp, &rb, &xp, &op, &n_out_i, &n_in_i, &n_tok_i)?;
+    Ok(false)
 }

@@ -24,42 +24,37 @@
 // weights imported from another process arrive as raw `CUdeviceptr`s.
 #![allow(unsafe_code)]
 
-/// Launch kernel `$name` of backend `$be` with `grid` blocks of `block`
-/// threads; each argument is a reference to a local of the exact type of
-/// the kernel parameter (`u64` for pointers, `i32` for `int`, `f32`,
-/// `u64`).
+/// Record a launch of kernel `$name` of backend `$be` with `grid` blocks
+/// of `block` threads; each argument is a reference to a local of the
+/// exact type of the kernel parameter (`u64` for pointers, `i32` for
+/// `int`, `f32`, `u32`). The launch is issued later (see [`queue`]).
 macro_rules! launch {
     ($be:expr, $name:expr, $grid:expr, $block:expr; $($arg:expr),* $(,)?) => {{
-        use cudarc::driver::PushKernelArg;
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: $grid,
-            block_dim: ($block, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = $be.stream.launch_builder($be.func($name));
-        $( b.arg($arg); )*
-        // SAFETY: the arguments match the kernel's parameter list in
-        // kernels/cuda (each wrapper is the only launcher of its kernels),
-        // and every pointer is a live device allocation sized for the
-        // launch (checked by the wrapper before launching).
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| $crate::cuda::dev_err(&format!("launching {}", $name), e))
+        let args = [$( $crate::cuda::queue::KernelArg::slot($arg) ),*];
+        // The arguments match the kernel's parameter list in kernels/cuda
+        // (each wrapper is the only launcher of its kernels), and every
+        // pointer is a live device allocation sized for the launch (checked
+        // by the wrapper before recording): `queue::issue` relies on it.
+        $be.record_launch($name, $grid, $block, &args);
+        Ok::<(), $crate::backend::BackendError>(())
     }};
 }
 
+mod arena;
 mod attention;
 pub mod compile;
 mod elementwise;
 mod embed;
 mod matmul;
+mod profile;
+mod queue;
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 
 use crate::backend::{
     AttentionConfig, Backend, BackendError, KvDtype, KvPoolConfig, KvSeq, Numerics, RopeConfig,
@@ -68,12 +63,25 @@ use crate::backend::{
 use crate::quant::GgmlType;
 
 pub use compile::CompileStats;
+pub use queue::GraphStats;
 
-/// Row-major `[rows, cols]` f32 activations in device memory.
+/// Row-major `[rows, cols]` f32 activations in device memory: a piece of
+/// the backend's tensor arena, which is reused once no tensor is alive
+/// (tensors are meant to live for one forward pass).
 pub struct CudaTensor {
     rows: usize,
     cols: usize,
-    buf: CudaSlice<f32>,
+    ptr: u64,
+    _live: Live,
+}
+
+/// Counts a live tensor (the arena is reset when none is alive).
+struct Live(Arc<AtomicUsize>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl CudaTensor {
@@ -177,14 +185,11 @@ pub struct CudaBackend {
     stats: CompileStats,
     /// Batched quantized matmuls on int8 tensor cores (sm_80+).
     tensor_cores: AtomicBool,
-    /// Small index arrays uploaded recently (positions, attention tables),
-    /// by content: every layer of a forward pass uploads the same ones, and
-    /// a copy from pageable host memory stalls the host.
-    uploads: std::sync::Mutex<std::collections::VecDeque<(Vec<u8>, CudaSlice<u8>)>>,
+    /// Recorded commands, arenas, staging and graphs.
+    state: Mutex<queue::State>,
+    /// Tensors alive.
+    live: Arc<AtomicUsize>,
 }
-
-/// Index arrays kept by [`CudaBackend::upload_cached`].
-const UPLOAD_CACHE: usize = 8;
 
 impl CudaBackend {
     /// Opens device `ordinal` (its primary context, so memory other code
@@ -207,7 +212,10 @@ impl CudaBackend {
             .compute_capability()
             .map_err(|e| dev_err("querying the compute capability", e))?;
         let arch = (major * 10 + minor) as u32;
-        let stream = ctx.default_stream();
+        // Its own stream: the legacy default stream cannot be captured.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| dev_err("creating a CUDA stream", e))?;
         compile::nvrtc_available().map_err(BackendError::Device)?;
         let mut stats = CompileStats::default();
         let mut funcs = HashMap::new();
@@ -224,6 +232,14 @@ impl CudaBackend {
                 funcs.insert(k, f);
             }
         }
+        let mut state = queue::State::new(true);
+        if std::env::var_os("DS4_CUDA_PROFILE").is_some_and(|v| v != "0") {
+            let mut p = profile::Profile::default();
+            for (&name, f) in &funcs {
+                p.names.insert(f.cu_function() as usize, name);
+            }
+            state.profile = Some(p);
+        }
         Ok(CudaBackend {
             ctx,
             stream,
@@ -232,7 +248,8 @@ impl CudaBackend {
             funcs,
             stats,
             tensor_cores: AtomicBool::new(arch >= 80),
-            uploads: Default::default(),
+            state: Mutex::new(state),
+            live: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -269,9 +286,43 @@ impl CudaBackend {
 
     /// Waits for all queued work.
     pub fn synchronize(&self) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        self.sync_locked(&mut st)
+    }
+
+    /// Whether forward passes seen before are replayed as CUDA graphs (on
+    /// by default). Off, every recorded list is issued directly; both
+    /// give the same results, tests switch to compare them.
+    pub fn set_graphs(&self, on: bool) {
+        self.lock().graphs_on = on;
+    }
+
+    /// How recorded passes were issued so far.
+    pub fn graph_stats(&self) -> GraphStats {
+        self.lock().stats
+    }
+
+    /// The backend's state, with its context current on this thread (the
+    /// driver calls made under the lock need it).
+    fn lock(&self) -> MutexGuard<'_, queue::State> {
+        // A failure here resurfaces as the error of the next driver call.
+        let _ = self.ctx.bind_to_thread();
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Issues everything recorded and waits for it.
+    fn sync_locked(&self, st: &mut queue::State) -> Result<(), BackendError> {
+        st.flush(&self.stream)?;
         self.stream
             .synchronize()
-            .map_err(|e| dev_err("synchronize", e))
+            .map_err(|e| dev_err("synchronize", e))?;
+        st.synced();
+        Ok(())
+    }
+
+    fn record_launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[u64]) {
+        let f = self.func(name).cu_function();
+        self.lock().launch(f, grid, block, args);
     }
 
     /// Binds a weight that already lives in device memory (e.g. a CUDA VMM
@@ -331,9 +382,13 @@ impl CudaBackend {
             dense: None,
         };
         if rows == 1 {
-            let mut t = self.try_tensor(1, cols)?;
-            embed::embed(self, &w, &[0], &mut t)?;
-            w.dense = Some(t.buf);
+            let dense = self
+                .stream
+                .alloc_zeros::<f32>(cols)
+                .map_err(|e| dev_err("allocating a dense weight", e))?;
+            embed::embed_ptr(self, &w, &[0], self.ptr(&dense), cols)?;
+            self.lock().flush(&self.stream)?;
+            w.dense = Some(dense);
         }
         Ok(w)
     }
@@ -343,12 +398,35 @@ impl CudaBackend {
         elementwise::argmax_rows(self, x)
     }
 
-    fn try_tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor, BackendError> {
-        let buf = self
-            .stream
-            .alloc_zeros::<f32>((rows * cols).max(1))
-            .map_err(|e| dev_err("allocating a tensor", e))?;
-        Ok(CudaTensor { rows, cols, buf })
+    /// A tensor from the arena; zeroed unless `data` fills it.
+    fn arena_tensor(
+        &self,
+        rows: usize,
+        cols: usize,
+        data: Option<&[f32]>,
+    ) -> Result<CudaTensor, BackendError> {
+        let mut st = self.lock();
+        if self.live.load(Ordering::Acquire) == 0 {
+            st.reset_tensors(&self.stream)?;
+        }
+        let bytes = rows * cols * 4;
+        let ptr = match data {
+            Some(d) => st.upload(&self.stream, bytemuck_f32(d))?,
+            None => {
+                let ptr = st.tensors.alloc(&self.stream, bytes)?;
+                if bytes > 0 {
+                    st.cmds.push(queue::Cmd::Memset { dst: ptr, bytes });
+                }
+                ptr
+            }
+        };
+        self.live.fetch_add(1, Ordering::AcqRel);
+        Ok(CudaTensor {
+            rows,
+            cols,
+            ptr,
+            _live: Live(self.live.clone()),
+        })
     }
 
     fn func(&self, name: &str) -> &CudaFunction {
@@ -357,7 +435,7 @@ impl CudaBackend {
             .unwrap_or_else(|| panic!("kernel {name} is not in any loaded module"))
     }
 
-    /// The device address of a buffer (kernels take raw pointers).
+    /// The device address of an owned buffer (kernels take raw pointers).
     fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
         s.device_ptr(&self.stream).0
     }
@@ -369,42 +447,66 @@ impl CudaBackend {
         }
     }
 
-    /// Uninitialized scratch of `n` elements (at least one), for buffers a
-    /// kernel overwrites entirely.
-    fn scratch<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>, BackendError> {
-        // SAFETY: callers only read what a kernel wrote first.
-        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| dev_err("allocating scratch", e))
+    /// Uninitialized scratch for one op: one buffer of each size in bytes,
+    /// valid until the next op asks for scratch (commands run in order).
+    fn scratch(&self, sizes: &[usize]) -> Result<Vec<u64>, BackendError> {
+        let mut st = self.lock();
+        st.reset_scratch(&self.stream)?;
+        sizes
+            .iter()
+            .map(|&n| st.scratch.alloc(&self.stream, n))
+            .collect()
     }
 
-    /// The device address of a copy of `words` (32-bit values, e.g. token
-    /// positions or attention tables), reusing a recent upload of the same
-    /// content. The copy stays alive until evicted by later uploads;
-    /// freeing is ordered on the stream, after the kernels that read it.
+    /// The device address of a copy of `words` (32-bit values: token ids,
+    /// positions, attention tables), made once per pass for each content.
     fn upload_cached<T: Copy + Into<i64>>(&self, words: &[T]) -> Result<u64, BackendError> {
         let key: Vec<u8> = words
             .iter()
             .flat_map(|&w| (w.into() as u32).to_le_bytes())
             .collect();
-        let mut cache = self.uploads.lock().expect("upload cache");
-        if let Some((_, buf)) = cache.iter().find(|(k, _)| *k == key) {
-            return Ok(self.ptr(buf));
+        let mut st = self.lock();
+        if let Some(&p) = st.uploads.get(&key) {
+            return Ok(p);
         }
-        let buf = self.upload(&key)?;
-        let ptr = self.ptr(&buf);
-        if cache.len() == UPLOAD_CACHE {
-            cache.pop_front();
-        }
-        cache.push_back((key, buf));
-        Ok(ptr)
+        let p = st.upload(&self.stream, &key)?;
+        st.uploads.insert(key, p);
+        Ok(p)
     }
 
-    fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, BackendError> {
-        if data.is_empty() {
-            return self.scratch(1);
+    /// Copies `n` values at device address `src` to the host, after
+    /// everything recorded before.
+    fn read_back<T: Default + Clone>(&self, src: u64, n: usize) -> Result<Vec<T>, BackendError> {
+        let mut v = vec![T::default(); n];
+        if n == 0 {
+            return Ok(v);
         }
+        let mut st = self.lock();
+        st.flush(&self.stream)?;
+        // SAFETY: `src` holds `n` values of T (checked by the caller) and
+        // the copy is ordered after the commands that wrote them.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut v, src, self.stream.cu_stream()) }
+            .map_err(|e| dev_err("device to host copy", e))?;
         self.stream
-            .clone_htod(data)
-            .map_err(|e| dev_err("host to device copy", e))
+            .synchronize()
+            .map_err(|e| dev_err("synchronize", e))?;
+        st.synced();
+        Ok(v)
+    }
+}
+
+/// The bytes of f32 values (little-endian, as the device reads them).
+fn bytemuck_f32(d: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is 4 initialized bytes; u8 has no alignment.
+    unsafe { std::slice::from_raw_parts(d.as_ptr().cast::<u8>(), std::mem::size_of_val(d)) }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = &st.profile {
+            eprintln!("CUDA kernel time (DS4_CUDA_PROFILE):\n{}", p.report());
+        }
     }
 }
 
@@ -498,7 +600,10 @@ impl Backend for CudaBackend {
                 )
             };
         }
-        let buf = self.upload(src.bytes.as_slice())?;
+        let buf = self
+            .stream
+            .clone_htod(src.bytes.as_slice())
+            .map_err(|e| dev_err("host to device copy", e))?;
         self.finish_weight(
             &src.name,
             src.ggml_type,
@@ -510,25 +615,19 @@ impl Backend for CudaBackend {
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CudaTensor {
-        self.try_tensor(rows, cols).expect("CUDA tensor allocation")
+        self.arena_tensor(rows, cols, None)
+            .expect("CUDA tensor allocation")
     }
 
     fn tensor_from(&self, rows: usize, cols: usize, data: &[f32]) -> CudaTensor {
         assert_eq!(data.len(), rows * cols, "tensor_from: data length");
-        let buf = self.upload(data).expect("CUDA host to device copy");
-        CudaTensor { rows, cols, buf }
+        self.arena_tensor(rows, cols, Some(data))
+            .expect("CUDA tensor upload")
     }
 
     fn to_host(&self, x: &CudaTensor) -> Vec<f32> {
-        let n = x.rows * x.cols;
-        if n == 0 {
-            return Vec::new();
-        }
-        let mut v = vec![0.0f32; n];
-        self.stream
-            .memcpy_dtoh(&x.buf.slice(..n), &mut v)
-            .expect("CUDA device to host copy");
-        v
+        self.read_back(x.ptr, x.rows * x.cols)
+            .expect("CUDA device to host copy")
     }
 
     fn dims(&self, x: &CudaTensor) -> (usize, usize) {
@@ -538,12 +637,12 @@ impl Backend for CudaBackend {
     fn copy_row(&self, src: &CudaTensor, row: usize, dst: &mut CudaTensor, dst_row: usize) {
         assert_eq!(src.cols, dst.cols, "copy_row: column count");
         assert!(row < src.rows && dst_row < dst.rows, "copy_row: row range");
-        let c = src.cols;
-        let from = src.buf.slice(row * c..(row + 1) * c);
-        let mut to = dst.buf.slice_mut(dst_row * c..(dst_row + 1) * c);
-        self.stream
-            .memcpy_dtod(&from, &mut to)
-            .expect("CUDA device to device copy");
+        let bytes = src.cols * 4;
+        self.lock().cmds.push(queue::Cmd::DtoD {
+            dst: dst.ptr + (dst_row * bytes) as u64,
+            src: src.ptr + (row * bytes) as u64,
+            bytes,
+        });
     }
 
     fn kv_pool(&self, cfg: KvPoolConfig) -> Result<CudaKvPool, BackendError> {
@@ -574,6 +673,7 @@ impl Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         let bb = attention::check_block(pool, block, out.len())?;
         let start = block as usize * bb;
+        self.sync_locked(&mut self.lock())?;
         self.stream
             .memcpy_dtoh(&pool.buf.slice(start..start + bb), out)
             .map_err(|e| dev_err("kv_read_block", e))
@@ -587,6 +687,7 @@ impl Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         let bb = attention::check_block(pool, block, data.len())?;
         let start = block as usize * bb;
+        self.lock().flush(&self.stream)?;
         self.stream
             .memcpy_htod(data, &mut pool.buf.slice_mut(start..start + bb))
             .map_err(|e| dev_err("kv_write_block", e))
@@ -612,6 +713,27 @@ impl Backend for CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
         matmul::matmul(self, w, x, out)
+    }
+
+    fn matmul_many(
+        &self,
+        ws: &[&CudaWeight],
+        biases: Option<&[&CudaWeight]>,
+        x: &CudaTensor,
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        matmul::matmul_many(self, ws, biases, x, outs)
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &mut CudaTensor,
+        y: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &mut CudaTensor,
+    ) {
+        elementwise::add_rms_norm(self, x, y, w, eps, out).expect("CUDA add_rms_norm");
     }
 
     fn rope(&self, x: &mut CudaTensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig) {

@@ -65,28 +65,35 @@ pub fn forward<B: Backend>(
     let mut up = be.tensor(n, h.n_ff);
     let mut act = be.tensor(n, h.n_ff);
 
+    if let Some(first) = w.layers.first() {
+        be.rms_norm(&x, &first.attn_norm, h.rms_eps, &mut norm);
+    }
     for (layer, lw) in w.layers.iter().enumerate() {
-        be.rms_norm(&x, &lw.attn_norm, h.rms_eps, &mut norm);
-        be.matmul(&lw.wq, &norm, &mut q)?;
-        be.matmul(&lw.wk, &norm, &mut k)?;
-        be.matmul(&lw.wv, &norm, &mut v)?;
-        if let Some([bq, bk, bv]) = &lw.qkv_bias {
-            be.add_bias(&mut q, bq);
-            be.add_bias(&mut k, bk);
-            be.add_bias(&mut v, bv);
-        }
+        let biases = lw.qkv_bias.as_ref().map(|[bq, bk, bv]| [bq, bk, bv]);
+        be.matmul_many(
+            &[&lw.wq, &lw.wk, &lw.wv],
+            biases.as_ref().map(|b| &b[..]),
+            &norm,
+            &mut [&mut q, &mut k, &mut v],
+        )?;
         be.rope(&mut q, &positions, h.head_dim, &h.rope);
         be.rope(&mut k, &positions, h.head_dim, &h.rope);
         be.attention(&q, &k, &v, pool, layer, &seqs, &attn, &mut att)?;
         be.matmul(&lw.wo, &att, &mut proj)?;
-        be.add_assign(&mut x, &proj);
-
-        be.rms_norm(&x, &lw.ffn_norm, h.rms_eps, &mut norm);
-        be.matmul(&lw.w_gate, &norm, &mut gate)?;
-        be.matmul(&lw.w_up, &norm, &mut up)?;
+        be.add_rms_norm(&mut x, &proj, &lw.ffn_norm, h.rms_eps, &mut norm);
+        be.matmul_many(
+            &[&lw.w_gate, &lw.w_up],
+            None,
+            &norm,
+            &mut [&mut gate, &mut up],
+        )?;
         be.swiglu(&gate, &up, &mut act);
         be.matmul(&lw.w_down, &act, &mut proj)?;
-        be.add_assign(&mut x, &proj);
+        // The residual add, fused with the next layer's attention norm.
+        match w.layers.get(layer + 1) {
+            Some(next) => be.add_rms_norm(&mut x, &proj, &next.attn_norm, h.rms_eps, &mut norm),
+            None => be.add_assign(&mut x, &proj),
+        }
     }
 
     // The rows whose logits were asked for, in batch order.

@@ -1,0 +1,343 @@
+//! Deferred execution and CUDA graphs.
+//!
+//! Ops do not launch: they record commands (kernel launches with their
+//! argument values, memsets, copies) into a list. The list is issued when
+//! the host needs a result ([`Backend::to_host`](crate::Backend::to_host),
+//! argmax, KV block copies) or an allocation must fold. Because every
+//! address comes from the deterministic [`super::arena`], a decode step
+//! records exactly the same list as the step before it (token ids,
+//! positions and block tables are data in pinned staging, not arguments):
+//! the first time a list is seen it is issued as is, the second time it is
+//! captured into a CUDA graph, and from then on the graph is replayed with
+//! one launch. A new batch shape (rows, sequences, context bucket) is a
+//! new list and gets its own graph; the least recently used graphs are
+//! dropped past [`MAX_GRAPHS`].
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaGraph, CudaStream};
+
+use super::arena::{Region, Staging};
+use super::dev_err;
+use crate::backend::BackendError;
+
+/// Most kernel arguments of any kernel in `kernels/cuda`.
+pub const MAX_ARGS: usize = 16;
+/// Graphs kept (one per batch shape seen twice).
+const MAX_GRAPHS: usize = 64;
+/// Lists shorter than this are issued directly (a graph would not pay).
+const MIN_GRAPH_CMDS: usize = 8;
+
+/// A kernel argument: each takes one 8-byte slot; 4-byte arguments are
+/// read from the slot's low half (little-endian).
+pub trait KernelArg {
+    fn slot(&self) -> u64;
+}
+
+impl KernelArg for u64 {
+    fn slot(&self) -> u64 {
+        *self
+    }
+}
+
+impl KernelArg for i32 {
+    fn slot(&self) -> u64 {
+        *self as u32 as u64
+    }
+}
+
+impl KernelArg for u32 {
+    fn slot(&self) -> u64 {
+        *self as u64
+    }
+}
+
+impl KernelArg for f32 {
+    fn slot(&self) -> u64 {
+        self.to_bits() as u64
+    }
+}
+
+/// One recorded command. Equal lists issue identical work.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub enum Cmd {
+    Launch {
+        /// The `CUfunction` handle.
+        func: usize,
+        grid: (u32, u32, u32),
+        block: u32,
+        n_args: u8,
+        args: [u64; MAX_ARGS],
+    },
+    /// Zero `bytes` at `dst`.
+    Memset {
+        dst: u64,
+        bytes: usize,
+    },
+    /// Copy `bytes` from pinned host address `src` to `dst`.
+    HtoD {
+        dst: u64,
+        src: usize,
+        bytes: usize,
+    },
+    DtoD {
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    },
+}
+
+struct Graph {
+    graph: Option<CudaGraph>,
+    seen: u32,
+    last_use: u64,
+}
+
+// SAFETY: graphs are created, launched and dropped only under the
+// backend's lock (cudarc's note: graph objects need external
+// serialization, not a particular thread).
+unsafe impl Send for Graph {}
+
+/// Graph use since the backend was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Command lists issued without a graph.
+    pub direct: u64,
+    /// Graphs captured and instantiated.
+    pub captured: u64,
+    /// Launches of an existing graph.
+    pub replayed: u64,
+}
+
+/// Everything behind the backend's lock.
+pub struct State {
+    pub cmds: Vec<Cmd>,
+    /// Tensors and uploads; reset when no tensor is alive.
+    pub tensors: Region,
+    /// Scratch of one op; reset at the start of every op.
+    pub scratch: Region,
+    pub staging: Staging,
+    /// Uploads of this pass by content (every layer uploads the same
+    /// positions and block tables).
+    pub uploads: HashMap<Vec<u8>, u64>,
+    graphs: HashMap<Vec<Cmd>, Graph>,
+    pub graphs_on: bool,
+    tick: u64,
+    pub stats: GraphStats,
+    /// Set when kernels are timed one by one (see [`super::profile`]).
+    pub profile: Option<super::profile::Profile>,
+}
+
+impl State {
+    pub fn new(graphs_on: bool) -> State {
+        State {
+            cmds: Vec::new(),
+            tensors: Region::new("tensor arena", 16 << 20),
+            scratch: Region::new("op scratch", 4 << 20),
+            staging: Staging::default(),
+            uploads: HashMap::new(),
+            graphs: HashMap::new(),
+            graphs_on,
+            tick: 0,
+            stats: GraphStats::default(),
+            profile: None,
+        }
+    }
+
+    pub fn launch(
+        &mut self,
+        func: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[u64],
+    ) {
+        assert!(
+            args.len() <= MAX_ARGS,
+            "kernel with {} arguments",
+            args.len()
+        );
+        let mut a = [0u64; MAX_ARGS];
+        a[..args.len()].copy_from_slice(args);
+        self.cmds.push(Cmd::Launch {
+            func: func as usize,
+            grid,
+            block,
+            n_args: args.len() as u8,
+            args: a,
+        });
+    }
+
+    /// Records a copy of `data` to new tensor-region memory; returns it.
+    pub fn upload(&mut self, stream: &Arc<CudaStream>, data: &[u8]) -> Result<u64, BackendError> {
+        let dst = self.tensors.alloc(stream, data.len())?;
+        if !data.is_empty() {
+            let src = self.staging.put(data)?;
+            self.cmds.push(Cmd::HtoD {
+                dst,
+                src,
+                bytes: data.len(),
+            });
+        }
+        Ok(dst)
+    }
+
+    /// Resets the tensor region (no tensor is alive).
+    pub fn reset_tensors(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
+        if self.tensors.needs_fold() {
+            self.flush(stream)?;
+        }
+        self.uploads.clear();
+        self.tensors.reset(stream)
+    }
+
+    /// Resets the scratch region (a new op starts).
+    pub fn reset_scratch(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
+        if self.scratch.needs_fold() {
+            self.flush(stream)?;
+        }
+        self.scratch.reset(stream)
+    }
+
+    /// The stream has executed everything issued: staging can be reused.
+    pub fn synced(&mut self) {
+        if self.cmds.is_empty() {
+            self.staging.reset();
+        }
+    }
+
+    /// Issues the recorded commands: through a graph when this list was
+    /// seen before, else directly.
+    pub fn flush(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
+        if self.cmds.is_empty() {
+            return Ok(());
+        }
+        let cmds = std::mem::take(&mut self.cmds);
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| dev_err("binding the CUDA context", e))?;
+        if let Some(p) = &mut self.profile {
+            self.stats.direct += 1;
+            return p.issue(stream, &cmds);
+        }
+        if !self.graphs_on || cmds.len() < MIN_GRAPH_CMDS {
+            self.stats.direct += 1;
+            return issue(stream, &cmds);
+        }
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(g) = self.graphs.get_mut(&cmds) {
+            g.seen += 1;
+            g.last_use = tick;
+            if let Some(graph) = &g.graph {
+                self.stats.replayed += 1;
+                return graph
+                    .launch()
+                    .map_err(|e| dev_err("launching a CUDA graph", e));
+            }
+            if g.seen == 2 {
+                if let Some(graph) = capture(stream, &cmds)? {
+                    graph
+                        .launch()
+                        .map_err(|e| dev_err("launching a CUDA graph", e))?;
+                    self.stats.captured += 1;
+                    g.graph = Some(graph);
+                    return Ok(());
+                }
+            }
+            self.stats.direct += 1;
+            return issue(stream, &cmds);
+        }
+        self.stats.direct += 1;
+        issue(stream, &cmds)?;
+        if self.graphs.len() >= MAX_GRAPHS {
+            let oldest = self
+                .graphs
+                .iter()
+                .min_by_key(|(_, g)| g.last_use)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.graphs.remove(&k);
+            }
+        }
+        self.graphs.insert(
+            cmds,
+            Graph {
+                graph: None,
+                seen: 1,
+                last_use: tick,
+            },
+        );
+        Ok(())
+    }
+}
+
+/// Captures `cmds` into an instantiated graph (None when the driver
+/// refuses; the caller then issues directly).
+fn capture(stream: &Arc<CudaStream>, cmds: &[Cmd]) -> Result<Option<CudaGraph>, BackendError> {
+    use sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as MODE;
+    if stream.begin_capture(MODE).is_err() {
+        return Ok(None);
+    }
+    let issued = issue(stream, cmds);
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    issued?;
+    Ok(graph.ok().flatten())
+}
+
+pub fn issue(stream: &CudaStream, cmds: &[Cmd]) -> Result<(), BackendError> {
+    let s = stream.cu_stream();
+    for c in cmds {
+        // SAFETY: every command was recorded by an op wrapper that checked
+        // its pointers and sizes against live allocations (weights, KV
+        // pools, or arena memory that stays allocated until its region is
+        // reset, which issues pending commands first); launch arguments
+        // match the kernel's parameter list (see `launch!`).
+        let r = unsafe {
+            match c {
+                Cmd::Launch {
+                    func,
+                    grid,
+                    block,
+                    n_args,
+                    args,
+                } => {
+                    let mut a = *args;
+                    let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+                    for (p, v) in params.iter_mut().zip(a.iter_mut()) {
+                        *p = (v as *mut u64).cast();
+                    }
+                    result::launch_kernel(
+                        *func as sys::CUfunction,
+                        *grid,
+                        (*block, 1, 1),
+                        0,
+                        s,
+                        &mut params[..*n_args as usize],
+                    )
+                }
+                Cmd::Memset { dst, bytes } => result::memset_d8_async(*dst, 0, *bytes, s),
+                Cmd::HtoD { dst, src, bytes } => {
+                    let host = std::slice::from_raw_parts(*src as *const u8, *bytes);
+                    result::memcpy_htod_async(*dst, host, s)
+                }
+                Cmd::DtoD { dst, src, bytes } => result::memcpy_dtod_async(*dst, *src, *bytes, s),
+            }
+        };
+        r.map_err(|e| dev_err(&format!("issuing {}", describe(c)), e))?;
+    }
+    Ok(())
+}
+
+fn describe(c: &Cmd) -> String {
+    match c {
+        Cmd::Launch { grid, block, .. } => {
+            format!("a kernel launch (grid {grid:?}, {block} threads)")
+        }
+        Cmd::Memset { bytes, .. } => format!("a memset of {bytes} bytes"),
+        Cmd::HtoD { bytes, .. } => format!("a host-to-device copy of {bytes} bytes"),
+        Cmd::DtoD { bytes, .. } => format!("a device copy of {bytes} bytes"),
+    }
+}
