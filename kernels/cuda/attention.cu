@@ -93,7 +93,7 @@ template <class E, int MAXD>
 __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u32* tables, const int* info,
                                           float* part_m, float* part_l, float* part_acc, int n_head,
                                           int n_head_kv, int hd, int bs, u64 block_elems, u64 layer_off,
-                                          float scale, int chunk) {
+                                          float scale, int chunk, float* out) {
     __shared__ float s_q[32 * MAXD];
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * MAXD];
@@ -102,8 +102,13 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
     u64 pi = ((u64)r * n_head + h) * n_split + z;
     int pos = info[4 * r] < 0 ? -1 : info[4 * r + 2];
     int t0 = z * chunk, t1 = min(pos + 1, t0 + chunk);
+    // One split (out set): the block's result is final; attn_merge is not
+    // launched and rows of no sequence get zeros here.
+    float* o = out ? out + ((u64)r * n_head + h) * hd : nullptr;
     if (t0 >= t1) {
-        if (threadIdx.x == 0) {
+        if (o) {
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = 0.0f;
+        } else if (threadIdx.x == 0) {
             part_m[pi] = -__int_as_float(0x7f800000);
             part_l[pi] = 0.0f;
         }
@@ -170,8 +175,13 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float v = 0.0f;
         for (int w = 0; w < ATT_WARPS; w++) v += s_acc[w][d] * f[w];
-        pa[d] = v;
+        if (o) {
+            o[d] = v / ll;  // attn_merge's result for one split (e^0 = 1)
+        } else {
+            pa[d] = v;
+        }
     }
+    if (o) return;
     if (threadIdx.x == 0) {
         part_m[pi] = mm;
         part_l[pi] = ll;
@@ -181,49 +191,49 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
 extern "C" __global__ void __launch_bounds__(128)
 attn_part_f16_d2(const float* q, const u16* pool, const u32* tables, const int* info, float* part_m,
                 float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk) {
+                u64 layer_off, float scale, int chunk, float* out) {
     attn_part<u16, 2>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk);
+                       layer_off, scale, chunk, out);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 attn_part_f16_d4(const float* q, const u16* pool, const u32* tables, const int* info, float* part_m,
                 float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk) {
+                u64 layer_off, float scale, int chunk, float* out) {
     attn_part<u16, 4>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk);
+                       layer_off, scale, chunk, out);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 attn_part_f16_d16(const float* q, const u16* pool, const u32* tables, const int* info, float* part_m,
                 float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk) {
+                u64 layer_off, float scale, int chunk, float* out) {
     attn_part<u16, 16>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk);
+                       layer_off, scale, chunk, out);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 attn_part_f32_d2(const float* q, const float* pool, const u32* tables, const int* info, float* part_m,
                 float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk) {
+                u64 layer_off, float scale, int chunk, float* out) {
     attn_part<float, 2>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk);
+                       layer_off, scale, chunk, out);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 attn_part_f32_d4(const float* q, const float* pool, const u32* tables, const int* info, float* part_m,
                 float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk) {
+                u64 layer_off, float scale, int chunk, float* out) {
     attn_part<float, 4>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk);
+                       layer_off, scale, chunk, out);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 attn_part_f32_d16(const float* q, const float* pool, const u32* tables, const int* info, float* part_m,
                 float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk) {
+                u64 layer_off, float scale, int chunk, float* out) {
     attn_part<float, 16>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk);
+                       layer_off, scale, chunk, out);
 }
 
 // grid = (rows, n_head): out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M).

@@ -66,12 +66,15 @@ extern "C" __global__ void add_bias(float* x, const float* bias, u64 n, u64 cols
     if (i < n) x[i] = __fadd_rn(x[i], bias[i % cols]);
 }
 
-// In-place rotary embedding; one thread per (row, head, pair).
+// In-place rotary embedding; one thread per (row, head, pair), over the
+// heads of x ([rows, cols]) and then, when y is set, of y ([rows, cols_y],
+// the keys of the same rows).
 // mode 0: normal (pairs 2i, 2i+1); 1: neox (pairs i, i + n_rot/2).
-extern "C" __global__ void rope(float* x, const u32* pos, int rows, int cols, int head_dim, int n_rot,
-                                float freq_base, float freq_scale, int mode) {
+extern "C" __global__ void rope(float* x, float* y, const u32* pos, int rows, int cols, int cols_y,
+                                int head_dim, int n_rot, float freq_base, float freq_scale, int mode) {
     int half = n_rot / 2;
-    int heads = cols / head_dim;
+    int heads_x = cols / head_dim;
+    int heads = heads_x + cols_y / head_dim;
     u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (u64)rows * heads * half) return;
     int i = (int)(g % half);
@@ -81,7 +84,8 @@ extern "C" __global__ void rope(float* x, const u32* pos, int rows, int cols, in
     double inv_freq = pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
     double theta = (double)pos[r] * (double)freq_scale * inv_freq;
     float c = (float)cos(theta), s = (float)sin(theta);
-    float* head = x + (u64)r * cols + (u64)h * head_dim;
+    float* head = h < heads_x ? x + (u64)r * cols + (u64)h * head_dim
+                              : y + (u64)r * cols_y + (u64)(h - heads_x) * head_dim;
     int a = mode == 0 ? 2 * i : i;
     int b = mode == 0 ? 2 * i + 1 : i + half;
     float x0 = head[a], x1 = head[b];

@@ -380,6 +380,50 @@ __device__ __forceinline__ void mma_s8(int* c, int a0, int a1, int b0) {
 #endif
 }
 
+// What a lane reads for one 32-value chunk: its A fragment words of rows
+// g and g + 8, their integer scales, and its B words of every token tile.
+// Loaded one chunk ahead of the one being multiplied, so that the loads
+// are in flight during the mma work (the chunk loop is latency-bound
+// otherwise).
+struct MmaFrag {
+    int alo[2], ahi[2];
+    int s0[2], s1[2], mn[2];
+    int blo[MMA_TT], bhi[MMA_TT];
+    int bsum[MMA_TT][2];  // Q8_K: the chunk's sum of tokens 2t, 2t + 1 of each tile
+};
+
+template <class T>
+__device__ __forceinline__ void mma_load(const u8* const* wr, const i8* aq, const int* bs, int n_in, int n_tok,
+                                         int tok0, int g, int t, int c, MmaFrag& f) {
+    int b = c / T::NSUB, sub = c % T::NSUB;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const u8* blk = wr[k] + (u64)b * T::BYTES;
+        f.alo[k] = T::word(blk, sub, t);
+        f.ahi[k] = T::word(blk, sub, 4 + t);
+        T::scales(blk, sub, f.s0[k], f.s1[k], f.mn[k]);
+    }
+#pragma unroll
+    for (int tt = 0; tt < MMA_TT; tt++) {
+        int tok_b = tok0 + 8 * tt + g;
+        f.blo[tt] = 0;
+        f.bhi[tt] = 0;
+        if (tok_b < n_tok) {
+            const i8* ap = aq + (u64)tok_b * n_in + 32 * (u64)c;
+            f.blo[tt] = *(const int*)(ap + 4 * t);
+            f.bhi[tt] = *(const int*)(ap + 16 + 4 * t);
+        }
+        if (T::ACT == 2) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                int tok = tok0 + 8 * tt + 2 * t + j;
+                const int* bp = bs + (u64)tok * (n_in / 16) + 2 * c;
+                f.bsum[tt][j] = tok < n_tok ? bp[0] + bp[1] : 0;
+            }
+        }
+    }
+}
+
 template <class T>
 __device__ __forceinline__ void mm_mma(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
                                        const float* as, const int* bs, float* out, int n_out,
@@ -393,55 +437,45 @@ __device__ __forceinline__ void mm_mma(const u8* W, u64 row_bytes, const i8* aq,
     const u8* wr[2];
 #pragma unroll
     for (int k = 0; k < 2; k++) wr[k] = W + (u64)min(rows[k], n_out - 1) * row_bytes;
-    int nch = n_in / 32, nab = n_in / 32, nbs = n_in / 16;
+    int nch = n_in / 32, nab = n_in / 32;
     float acc[MMA_TT][4];
     int bi[MMA_TT][4], bm[MMA_TT][4];
 #pragma unroll
     for (int tt = 0; tt < MMA_TT; tt++)
 #pragma unroll
         for (int k = 0; k < 4; k++) { acc[tt][k] = 0.0f; bi[tt][k] = 0; bm[tt][k] = 0; }
+    MmaFrag cur;
+    mma_load<T>(wr, aq, bs, n_in, n_tok, tok0, g, t, 0, cur);
     for (int c = 0; c < nch; c++) {
-        int b = c / T::NSUB, sub = c % T::NSUB;
-        const u8* blk[2] = {wr[0] + (u64)b * T::BYTES, wr[1] + (u64)b * T::BYTES};
-        int alo0 = T::word(blk[0], sub, t), alo1 = T::word(blk[1], sub, t);
-        int ahi0 = T::word(blk[0], sub, 4 + t), ahi1 = T::word(blk[1], sub, 4 + t);
-        int s0[2], s1[2], mn[2];
-        T::scales(blk[0], sub, s0[0], s1[0], mn[0]);
-        T::scales(blk[1], sub, s0[1], s1[1], mn[1]);
-        bool last = sub == T::NSUB - 1;
+        MmaFrag nxt;
+        if (c + 1 < nch) mma_load<T>(wr, aq, bs, n_in, n_tok, tok0, g, t, c + 1, nxt);
+        int b = c / T::NSUB;
+        bool last = c % T::NSUB == T::NSUB - 1;
 #pragma unroll
         for (int tt = 0; tt < MMA_TT; tt++) {
             int tb = tok0 + 8 * tt;
             if (tb >= n_tok) break;  // uniform over the warp
-            int tok_b = tb + g;
-            int blo = 0, bhi = 0;
-            if (tok_b < n_tok) {
-                const i8* ap = aq + (u64)tok_b * n_in + 32 * (u64)c;
-                blo = *(const int*)(ap + 4 * t);
-                bhi = *(const int*)(ap + 16 + 4 * t);
-            }
             int clo[4] = {0, 0, 0, 0}, chi[4] = {0, 0, 0, 0};
-            mma_s8(clo, alo0, alo1, blo);
-            mma_s8(chi, ahi0, ahi1, bhi);
+            mma_s8(clo, cur.alo[0], cur.alo[1], cur.blo[tt]);
+            mma_s8(chi, cur.ahi[0], cur.ahi[1], cur.bhi[tt]);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 int ri = k >> 1;               // row g or g + 8
                 int tok = tb + 2 * t + (k & 1);
-                bi[tt][k] += s0[ri] * clo[k] + s1[ri] * chi[k];
-                if (T::ACT == 2 && tok < n_tok) {
-                    const int* bp = bs + (u64)tok * nbs + 2 * c;
-                    bm[tt][k] += mn[ri] * (bp[0] + bp[1]);
-                }
+                bi[tt][k] += cur.s0[ri] * clo[k] + cur.s1[ri] * chi[k];
+                if (T::ACT == 2) bm[tt][k] += cur.mn[ri] * cur.bsum[tt][k & 1];
                 if (last) {
                     if (tok < n_tok) {
                         u64 ai = (u64)tok * nab + b;
-                        acc[tt][k] += T::combine(blk[ri], bi[tt][k], bm[tt][k], ad[ai], T::ACT == 1 ? as[ai] : 0.0f);
+                        acc[tt][k] += T::combine(wr[ri] + (u64)b * T::BYTES, bi[tt][k], bm[tt][k], ad[ai],
+                                                 T::ACT == 1 ? as[ai] : 0.0f);
                     }
                     bi[tt][k] = 0;
                     bm[tt][k] = 0;
                 }
             }
         }
+        cur = nxt;
     }
 #pragma unroll
     for (int tt = 0; tt < MMA_TT; tt++)

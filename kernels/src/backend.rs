@@ -375,6 +375,19 @@ pub trait Backend: Send + Sync {
     }
     /// Rotate each head of every row in place; row `r` is at `positions[r]`.
     fn rope(&self, x: &mut Self::Tensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig);
+    /// [`Backend::rope`] of the queries and the keys of the same rows (one
+    /// pass where the backend can).
+    fn rope_qk(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        positions: &[u32],
+        head_dim: usize,
+        cfg: &RopeConfig,
+    ) {
+        self.rope(q, positions, head_dim, cfg);
+        self.rope(k, positions, head_dim, cfg);
+    }
     /// For each sequence of `seqs`: store its `k`, `v` rows at its positions
     /// in layer `layer` of `pool`, then causal attention of its `q` rows
     /// over its positions `0 ..= pos + r` into `out`. Sequences must not

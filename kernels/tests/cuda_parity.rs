@@ -372,6 +372,18 @@ fn rope_normal_and_neox() {
             &xc.data,
             1e-6,
         );
+        // Queries and keys (fewer heads) in one launch: the same values as
+        // one rope each.
+        let y = rng.vec(rows * hd, 2.0);
+        let (mut q2, mut k2) = (
+            g.tensor_from(rows, hd * heads, &x),
+            g.tensor_from(rows, hd, &y),
+        );
+        g.rope_qk(&mut q2, &mut k2, &positions, hd, &cfg);
+        let mut k1 = g.tensor_from(rows, hd, &y);
+        g.rope(&mut k1, &positions, hd, &cfg);
+        assert_eq!(g.to_host(&q2), g.to_host(&xg), "rope_qk queries");
+        assert_eq!(g.to_host(&k2), g.to_host(&k1), "rope_qk keys");
     }
 }
 

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{result, CudaSlice, CudaStream};
+use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream};
 
 use super::dev_err;
 use crate::backend::BackendError;
@@ -115,7 +115,7 @@ pub struct Staging {
 
 impl Staging {
     /// Copies `data` into staging; returns its host address.
-    pub fn put(&mut self, data: &[u8]) -> Result<usize, BackendError> {
+    pub fn put(&mut self, ctx: &CudaContext, data: &[u8]) -> Result<usize, BackendError> {
         let bytes = data.len().max(1).next_multiple_of(16);
         let fits = self
             .chunks
@@ -124,6 +124,8 @@ impl Staging {
         if !fits {
             let total: usize = self.chunks.iter().map(|c| c.len).sum();
             let len = bytes.max(2 * total).max(1 << 16);
+            ctx.bind_to_thread()
+                .map_err(|e| dev_err("binding the CUDA context", e))?;
             // SAFETY: a fresh allocation, written before it is read.
             let p = unsafe { result::malloc_host(len, 0) }
                 .map_err(|e| dev_err(&format!("allocating {len} bytes of pinned staging"), e))?;
@@ -140,7 +142,7 @@ impl Staging {
     }
 
     /// Forgets the data (the stream has executed every copy from it);
-    /// folds several chunks into one.
+    /// folds several chunks into one. The caller has bound the context.
     pub fn reset(&mut self) {
         self.used = 0;
         if self.chunks.len() > 1 {

@@ -150,9 +150,14 @@ pub fn attention(
     let (pm, pl, pa) = (s[0], s[1], s[2]);
     let (nh, nkv, hd_i) = (cfg.n_head as i32, cfg.n_head_kv as i32, hd as i32);
     let (n_split_i, chunk_i) = (n_split as i32, chunk as i32);
+    // One split: attn_part writes the output itself (no merge launch).
+    let direct = if n_split == 1 { op } else { 0u64 };
     launch!(be, part.as_str(), (q.rows as u32, cfg.n_head as u32, n_split as u32), 128;
         &qp, &pp, &tp, &ip, &pm, &pl, &pa, &nh, &nkv, &hd_i, &bs_i, &block_elems, &layer_off,
-        &cfg.scale, &chunk_i)?;
+        &cfg.scale, &chunk_i, &direct)?;
+    if n_split == 1 {
+        return Ok(()); // attn_part wrote the result
+    }
     launch!(be, "attn_merge", (q.rows as u32, cfg.n_head as u32, 1), 128;
         &pm, &pl, &pa, &ip, &op, &nh, &hd_i, &n_split_i)
 }
@@ -175,8 +180,10 @@ fn bucket(len: usize) -> usize {
 
 /// Blocks the attention grid aims for (a few waves over an H200's 132 SMs).
 const TARGET_BLOCKS: usize = 4096;
-/// Fewest positions one split block covers (its 4 warps take 32 each).
-const MIN_CHUNK: usize = 128;
+/// Fewest positions one split block covers (its 4 warps take 32 each,
+/// twice): a decode step within 256 positions is one split, without a
+/// merge.
+const MIN_CHUNK: usize = 256;
 
 /// `(n_split, chunk)`: positions `0 .. max_len` cut into `n_split` chunks
 /// of `chunk` positions, for `row_heads` (row, head) pairs.

@@ -122,20 +122,52 @@ pub fn rope(
     head_dim: usize,
     cfg: &RopeConfig,
 ) -> Result<(), BackendError> {
+    rope_rows(be, x, None, positions, head_dim, cfg)
+}
+
+/// [`rope`] of `q` and `k` (rows at the same positions) in one launch.
+pub fn rope_qk(
+    be: &CudaBackend,
+    q: &mut CudaTensor,
+    k: &mut CudaTensor,
+    positions: &[u32],
+    head_dim: usize,
+    cfg: &RopeConfig,
+) -> Result<(), BackendError> {
+    rope_rows(be, q, Some(k), positions, head_dim, cfg)
+}
+
+fn rope_rows(
+    be: &CudaBackend,
+    x: &mut CudaTensor,
+    y: Option<&mut CudaTensor>,
+    positions: &[u32],
+    head_dim: usize,
+    cfg: &RopeConfig,
+) -> Result<(), BackendError> {
     assert_eq!(positions.len(), x.rows, "rope: one position per row");
     assert!(x.cols.is_multiple_of(head_dim), "rope: row is whole heads");
     assert!(
         cfg.n_rot <= head_dim && cfg.n_rot.is_multiple_of(2),
         "rope: n_rot"
     );
-    let n = x.rows * (x.cols / head_dim) * (cfg.n_rot / 2);
+    let (yp, y_cols) = match y {
+        Some(y) => {
+            assert_eq!(y.rows, x.rows, "rope: q and k rows");
+            assert!(y.cols.is_multiple_of(head_dim), "rope: row is whole heads");
+            (y.ptr, y.cols)
+        }
+        None => (0u64, 0),
+    };
+    let n = x.rows * ((x.cols + y_cols) / head_dim) * (cfg.n_rot / 2);
     if n == 0 {
         return Ok(());
     }
     let (xp, pp) = (x.ptr, be.upload_cached(positions)?);
-    let (rows, cols, hd, n_rot) = (
+    let (rows, cols, cols_y, hd, n_rot) = (
         x.rows as i32,
         x.cols as i32,
+        y_cols as i32,
         head_dim as i32,
         cfg.n_rot as i32,
     );
@@ -144,7 +176,7 @@ pub fn rope(
         RopeMode::Neox => 1,
     };
     launch!(be, "rope", (blocks(n, 256), 1, 1), 256;
-        &xp, &pp, &rows, &cols, &hd, &n_rot, &cfg.freq_base, &cfg.freq_scale, &mode)
+        &xp, &yp, &pp, &rows, &cols, &cols_y, &hd, &n_rot, &cfg.freq_base, &cfg.freq_scale, &mode)
 }
 
 pub fn argmax_rows(be: &CudaBackend, x: &CudaTensor) -> Result<Vec<u32>, BackendError> {

@@ -232,7 +232,10 @@ impl CudaBackend {
                 funcs.insert(k, f);
             }
         }
-        let mut state = queue::State::new(true);
+        // DS4_CUDA_GRAPHS=0 issues every pass kernel by kernel (to rule
+        // graphs out when debugging; results are the same).
+        let graphs = std::env::var_os("DS4_CUDA_GRAPHS").is_none_or(|v| v != "0");
+        let mut state = queue::State::new(graphs);
         if std::env::var_os("DS4_CUDA_PROFILE").is_some_and(|v| v != "0") {
             let mut p = profile::Profile::default();
             for (&name, f) in &funcs {
@@ -302,16 +305,21 @@ impl CudaBackend {
         self.lock().stats
     }
 
-    /// The backend's state, with its context current on this thread (the
-    /// driver calls made under the lock need it).
+    /// The backend's state. Code under the lock that calls the driver
+    /// directly binds the context first (ops run on any thread).
     fn lock(&self) -> MutexGuard<'_, queue::State> {
-        // A failure here resurfaces as the error of the next driver call.
-        let _ = self.ctx.bind_to_thread();
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bind(&self) -> Result<(), BackendError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| dev_err("binding the CUDA context to this thread", e))
     }
 
     /// Issues everything recorded and waits for it.
     fn sync_locked(&self, st: &mut queue::State) -> Result<(), BackendError> {
+        self.bind()?;
         st.flush(&self.stream)?;
         self.stream
             .synchronize()
@@ -415,7 +423,7 @@ impl CudaBackend {
             None => {
                 let ptr = st.tensors.alloc(&self.stream, bytes)?;
                 if bytes > 0 {
-                    st.cmds.push(queue::Cmd::Memset { dst: ptr, bytes });
+                    st.push(queue::Cmd::Memset { dst: ptr, bytes });
                 }
                 ptr
             }
@@ -482,6 +490,7 @@ impl CudaBackend {
             return Ok(v);
         }
         let mut st = self.lock();
+        self.bind()?;
         st.flush(&self.stream)?;
         // SAFETY: `src` holds `n` values of T (checked by the caller) and
         // the copy is ordered after the commands that wrote them.
@@ -638,7 +647,7 @@ impl Backend for CudaBackend {
         assert_eq!(src.cols, dst.cols, "copy_row: column count");
         assert!(row < src.rows && dst_row < dst.rows, "copy_row: row range");
         let bytes = src.cols * 4;
-        self.lock().cmds.push(queue::Cmd::DtoD {
+        self.lock().push(queue::Cmd::DtoD {
             dst: dst.ptr + (dst_row * bytes) as u64,
             src: src.ptr + (row * bytes) as u64,
             bytes,
@@ -738,6 +747,17 @@ impl Backend for CudaBackend {
 
     fn rope(&self, x: &mut CudaTensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig) {
         elementwise::rope(self, x, positions, head_dim, cfg).expect("CUDA rope");
+    }
+
+    fn rope_qk(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        positions: &[u32],
+        head_dim: usize,
+        cfg: &RopeConfig,
+    ) {
+        elementwise::rope_qk(self, q, k, positions, head_dim, cfg).expect("CUDA rope");
     }
 
     fn attention(

@@ -24,7 +24,7 @@ use super::dev_err;
 use crate::backend::BackendError;
 
 /// Most kernel arguments of any kernel in `kernels/cuda`.
-pub const MAX_ARGS: usize = 16;
+pub const MAX_ARGS: usize = 20;
 /// Graphs kept (one per batch shape seen twice).
 const MAX_GRAPHS: usize = 64;
 /// Lists shorter than this are issued directly (a graph would not pay).
@@ -90,6 +90,8 @@ pub enum Cmd {
 }
 
 struct Graph {
+    /// The list this graph issues (compared in full on a hash match).
+    cmds: Vec<Cmd>,
     graph: Option<CudaGraph>,
     seen: u32,
     last_use: u64,
@@ -113,7 +115,9 @@ pub struct GraphStats {
 
 /// Everything behind the backend's lock.
 pub struct State {
-    pub cmds: Vec<Cmd>,
+    cmds: Vec<Cmd>,
+    /// Hash of `cmds`, kept up to date as they are recorded.
+    hash: u64,
     /// Tensors and uploads; reset when no tensor is alive.
     pub tensors: Region,
     /// Scratch of one op; reset at the start of every op.
@@ -122,7 +126,9 @@ pub struct State {
     /// Uploads of this pass by content (every layer uploads the same
     /// positions and block tables).
     pub uploads: HashMap<Vec<u8>, u64>,
-    graphs: HashMap<Vec<Cmd>, Graph>,
+    /// Graphs by the hash of their command list.
+    graphs: HashMap<u64, Vec<Graph>>,
+    n_graphs: usize,
     pub graphs_on: bool,
     tick: u64,
     pub stats: GraphStats,
@@ -134,11 +140,13 @@ impl State {
     pub fn new(graphs_on: bool) -> State {
         State {
             cmds: Vec::new(),
+            hash: 0,
             tensors: Region::new("tensor arena", 16 << 20),
             scratch: Region::new("op scratch", 4 << 20),
             staging: Staging::default(),
             uploads: HashMap::new(),
             graphs: HashMap::new(),
+            n_graphs: 0,
             graphs_on,
             tick: 0,
             stats: GraphStats::default(),
@@ -160,7 +168,7 @@ impl State {
         );
         let mut a = [0u64; MAX_ARGS];
         a[..args.len()].copy_from_slice(args);
-        self.cmds.push(Cmd::Launch {
+        self.push(Cmd::Launch {
             func: func as usize,
             grid,
             block,
@@ -169,12 +177,53 @@ impl State {
         });
     }
 
+    /// Records a command.
+    pub fn push(&mut self, c: Cmd) {
+        let mut h = Fx(self.hash);
+        match &c {
+            Cmd::Launch {
+                func,
+                grid,
+                block,
+                n_args,
+                args,
+            } => {
+                h.add(1);
+                h.add(*func as u64);
+                h.add(grid.0 as u64 | (grid.1 as u64) << 32);
+                h.add(grid.2 as u64 | (*block as u64) << 32);
+                for &a in &args[..*n_args as usize] {
+                    h.add(a);
+                }
+            }
+            Cmd::Memset { dst, bytes } => {
+                h.add(2);
+                h.add(*dst);
+                h.add(*bytes as u64);
+            }
+            Cmd::HtoD { dst, src, bytes } => {
+                h.add(3);
+                h.add(*dst);
+                h.add(*src as u64);
+                h.add(*bytes as u64);
+            }
+            Cmd::DtoD { dst, src, bytes } => {
+                h.add(4);
+                h.add(*dst);
+                h.add(*src);
+                h.add(*bytes as u64);
+            }
+        }
+        self.hash = h.0;
+        self.cmds.push(c);
+    }
+
     /// Records a copy of `data` to new tensor-region memory; returns it.
     pub fn upload(&mut self, stream: &Arc<CudaStream>, data: &[u8]) -> Result<u64, BackendError> {
         let dst = self.tensors.alloc(stream, data.len())?;
         if !data.is_empty() {
-            let src = self.staging.put(data)?;
-            self.cmds.push(Cmd::HtoD {
+            let src = self.staging.put(stream.context(), data)?;
+            self.push(Cmd::HtoD {
                 dst,
                 src,
                 bytes: data.len(),
@@ -213,22 +262,29 @@ impl State {
         if self.cmds.is_empty() {
             return Ok(());
         }
-        let cmds = std::mem::take(&mut self.cmds);
         stream
             .context()
             .bind_to_thread()
             .map_err(|e| dev_err("binding the CUDA context", e))?;
+        let r = self.issue_pending(stream);
+        self.cmds.clear();
+        self.hash = 0;
+        r
+    }
+
+    fn issue_pending(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
         if let Some(p) = &mut self.profile {
             self.stats.direct += 1;
-            return p.issue(stream, &cmds);
+            return p.issue(stream, &self.cmds);
         }
-        if !self.graphs_on || cmds.len() < MIN_GRAPH_CMDS {
+        if !self.graphs_on || self.cmds.len() < MIN_GRAPH_CMDS {
             self.stats.direct += 1;
-            return issue(stream, &cmds);
+            return issue(stream, &self.cmds);
         }
         self.tick += 1;
         let tick = self.tick;
-        if let Some(g) = self.graphs.get_mut(&cmds) {
+        let bucket = self.graphs.entry(self.hash).or_default();
+        if let Some(g) = bucket.iter_mut().find(|g| g.cmds == self.cmds) {
             g.seen += 1;
             g.last_use = tick;
             if let Some(graph) = &g.graph {
@@ -238,7 +294,7 @@ impl State {
                     .map_err(|e| dev_err("launching a CUDA graph", e));
             }
             if g.seen == 2 {
-                if let Some(graph) = capture(stream, &cmds)? {
+                if let Some(graph) = capture(stream, &self.cmds)? {
                     graph
                         .launch()
                         .map_err(|e| dev_err("launching a CUDA graph", e))?;
@@ -248,29 +304,48 @@ impl State {
                 }
             }
             self.stats.direct += 1;
-            return issue(stream, &cmds);
+            return issue(stream, &self.cmds);
         }
         self.stats.direct += 1;
-        issue(stream, &cmds)?;
-        if self.graphs.len() >= MAX_GRAPHS {
-            let oldest = self
-                .graphs
-                .iter()
-                .min_by_key(|(_, g)| g.last_use)
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                self.graphs.remove(&k);
-            }
+        issue(stream, &self.cmds)?;
+        bucket.push(Graph {
+            cmds: self.cmds.clone(),
+            graph: None,
+            seen: 1,
+            last_use: tick,
+        });
+        self.n_graphs += 1;
+        if self.n_graphs > MAX_GRAPHS {
+            self.evict_oldest();
         }
-        self.graphs.insert(
-            cmds,
-            Graph {
-                graph: None,
-                seen: 1,
-                last_use: tick,
-            },
-        );
         Ok(())
+    }
+
+    /// Drops the least recently used command list and its graph.
+    fn evict_oldest(&mut self) {
+        let oldest = self
+            .graphs
+            .iter()
+            .flat_map(|(&h, b)| b.iter().enumerate().map(move |(i, g)| (g.last_use, h, i)))
+            .min();
+        if let Some((_, h, i)) = oldest {
+            let bucket = self.graphs.get_mut(&h).expect("bucket");
+            bucket.swap_remove(i);
+            if bucket.is_empty() {
+                self.graphs.remove(&h);
+            }
+            self.n_graphs -= 1;
+        }
+    }
+}
+
+/// The running hash of a command list (FxHash's mixing: recorded lists
+/// are hashed word by word as they grow, at no cost at flush time).
+struct Fx(u64);
+
+impl Fx {
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
 }
 

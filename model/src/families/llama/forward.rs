@@ -76,8 +76,7 @@ pub fn forward<B: Backend>(
             &norm,
             &mut [&mut q, &mut k, &mut v],
         )?;
-        be.rope(&mut q, &positions, h.head_dim, &h.rope);
-        be.rope(&mut k, &positions, h.head_dim, &h.rope);
+        be.rope_qk(&mut q, &mut k, &positions, h.head_dim, &h.rope);
         be.attention(&q, &k, &v, pool, layer, &seqs, &attn, &mut att)?;
         be.matmul(&lw.wo, &att, &mut proj)?;
         be.add_rms_norm(&mut x, &proj, &lw.ffn_norm, h.rms_eps, &mut norm);
