@@ -510,6 +510,8 @@ fn matmul_all(numerics: Numerics, tensor_cores: bool) {
             (130, 1024, 70),
             (33, 576, 1),
             (9, 18944, 1),
+            (33, 576, 100),
+            (96, 2304, 65),
         ] {
             if ty.row_bytes(n_in).is_none() {
                 continue; // 576 values are not whole K-quant super-blocks
