@@ -669,3 +669,33 @@ fn paged_attention_exact_f32() {
     paged_attention(Numerics::Exact, 8, 2, 64);
     paged_attention(Numerics::Exact, 6, 1, 192);
 }
+
+/// A weight dropped while a recorded matmul that reads it has not been
+/// issued yet stays allocated until it is: the result is still right.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn weight_dropped_before_its_matmul_is_issued() {
+    let g = gpu(Numerics::Production);
+    let mut rng = Rng::new(33);
+    let bytes = weight_bytes(GgmlType::Q4_K, 64, 1024, &mut rng);
+    let x = g.tensor_from(1, 1024, &rng.vec(1024, 2.0));
+    let keep = bind(g, "keep", GgmlType::Q4_K, 64, 1024, &bytes);
+    let mut want = g.tensor(1, 64);
+    g.matmul(&keep, &x, &mut want).unwrap();
+    let want = g.to_host(&want);
+    let mut got = g.tensor(1, 64);
+    {
+        let gone = bind(g, "gone", GgmlType::Q4_K, 64, 1024, &bytes);
+        g.matmul(&gone, &x, &mut got).unwrap();
+    }
+    // Allocations after the drop must not take the weight's memory either.
+    let _other = bind(
+        g,
+        "other",
+        GgmlType::Q4_K,
+        64,
+        1024,
+        &vec![0u8; bytes.len()],
+    );
+    assert_eq!(g.to_host(&got), want);
+}

@@ -102,7 +102,7 @@ impl std::fmt::Debug for CudaTensor {
 
 enum WeightMem {
     /// Uploaded by [`Backend::bind_weight`].
-    Owned(CudaSlice<u8>),
+    Owned(queue::Deferred<CudaSlice<u8>>),
     /// Memory this backend does not own (a CUDA VMM mapping imported from
     /// the weight owner); `_owner` keeps the mapping alive.
     Device {
@@ -120,7 +120,7 @@ pub struct CudaWeight {
     row_bytes: usize,
     mem: WeightMem,
     /// One-row weights (norm scales) dequantized to f32, used element-wise.
-    dense: Option<CudaSlice<f32>>,
+    dense: Option<queue::Deferred<CudaSlice<f32>>>,
 }
 
 impl std::fmt::Debug for CudaWeight {
@@ -139,7 +139,7 @@ impl std::fmt::Debug for CudaWeight {
 pub struct CudaKvPool {
     cfg: KvPoolConfig,
     dtype: KvDtype,
-    buf: CudaSlice<u8>,
+    buf: queue::Deferred<CudaSlice<u8>>,
 }
 
 impl CudaKvPool {
@@ -186,7 +186,7 @@ pub struct CudaBackend {
     /// Batched quantized matmuls on int8 tensor cores (sm_80+).
     tensor_cores: AtomicBool,
     /// Recorded commands, arenas, staging and graphs.
-    state: Mutex<queue::State>,
+    state: Arc<Mutex<queue::State>>,
     /// Tensors alive.
     live: Arc<AtomicUsize>,
 }
@@ -251,7 +251,7 @@ impl CudaBackend {
             funcs,
             stats,
             tensor_cores: AtomicBool::new(arch >= 80),
-            state: Mutex::new(state),
+            state: Arc::new(Mutex::new(state)),
             live: Arc::new(AtomicUsize::new(0)),
         })
     }
@@ -396,7 +396,7 @@ impl CudaBackend {
                 .map_err(|e| dev_err("allocating a dense weight", e))?;
             embed::embed_ptr(self, &w, &[0], self.ptr(&dense), cols)?;
             self.lock().flush(&self.stream)?;
-            w.dense = Some(dense);
+            w.dense = Some(queue::Deferred::new(dense, self.state.clone()));
         }
         Ok(w)
     }
@@ -512,7 +512,7 @@ fn bytemuck_f32(d: &[f32]) -> &[u8] {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let st = self.lock();
         if let Some(p) = &st.profile {
             eprintln!("CUDA kernel time (DS4_CUDA_PROFILE):\n{}", p.report());
         }
@@ -619,7 +619,7 @@ impl Backend for CudaBackend {
             src.rows,
             src.cols,
             row_bytes,
-            WeightMem::Owned(buf),
+            WeightMem::Owned(queue::Deferred::new(buf, self.state.clone())),
         )
     }
 
@@ -667,7 +667,11 @@ impl Backend for CudaBackend {
             .stream
             .alloc_zeros::<u8>(bytes.max(4))
             .map_err(|e| dev_err(&format!("allocating a KV pool of {bytes} bytes"), e))?;
-        Ok(CudaKvPool { cfg, dtype, buf })
+        Ok(CudaKvPool {
+            cfg,
+            dtype,
+            buf: queue::Deferred::new(buf, self.state.clone()),
+        })
     }
 
     fn kv_dtype(&self, pool: &CudaKvPool) -> KvDtype {

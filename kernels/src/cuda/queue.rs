@@ -134,6 +134,9 @@ pub struct State {
     pub stats: GraphStats,
     /// Set when kernels are timed one by one (see [`super::profile`]).
     pub profile: Option<super::profile::Profile>,
+    /// Buffers dropped while recorded commands may still use them: freed
+    /// once those commands are issued (see [`Deferred`]).
+    graveyard: Vec<Box<dyn std::any::Any + Send>>,
 }
 
 impl State {
@@ -151,6 +154,7 @@ impl State {
             tick: 0,
             stats: GraphStats::default(),
             profile: None,
+            graveyard: Vec::new(),
         }
     }
 
@@ -269,6 +273,8 @@ impl State {
         let r = self.issue_pending(stream);
         self.cmds.clear();
         self.hash = 0;
+        // Frees are stream-ordered: after the commands just issued.
+        self.graveyard.clear();
         r
     }
 
@@ -335,6 +341,47 @@ impl State {
                 self.graphs.remove(&h);
             }
             self.n_graphs -= 1;
+        }
+    }
+}
+
+/// An owned device buffer (weights, KV pools) whose release waits for the
+/// recorded commands that may read it: dropped while commands are
+/// pending, it is kept until they are issued.
+pub struct Deferred<T: Send + 'static> {
+    inner: Option<T>,
+    state: Arc<std::sync::Mutex<State>>,
+}
+
+impl<T: Send + 'static> Deferred<T> {
+    pub fn new(inner: T, state: Arc<std::sync::Mutex<State>>) -> Deferred<T> {
+        Deferred {
+            inner: Some(inner),
+            state,
+        }
+    }
+}
+
+impl<T: Send + 'static> std::ops::Deref for Deferred<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.inner.as_ref().expect("present until dropped")
+    }
+}
+
+impl<T: Send + 'static> std::ops::DerefMut for Deferred<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.inner.as_mut().expect("present until dropped")
+    }
+}
+
+impl<T: Send + 'static> Drop for Deferred<T> {
+    fn drop(&mut self) {
+        if let Some(v) = self.inner.take() {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !st.cmds.is_empty() {
+                st.graveyard.push(Box::new(v));
+            }
         }
     }
 }
