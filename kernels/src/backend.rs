@@ -281,6 +281,12 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Bytes free in the memory the backend allocates KV blocks and scratch
+    /// from, when it is not host memory (a GPU's); `None`: host memory.
+    fn device_free_memory(&self) -> Option<u64> {
+        None
+    }
+
     /// Run `f` (a whole forward pass) where the backend's ops run best:
     /// the CPU backend runs it on one of its compute threads, so that
     /// sequential ops do not compete with idle workers for cores.

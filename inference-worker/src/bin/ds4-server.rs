@@ -56,9 +56,10 @@ struct Cli {
     #[arg(long, env = "DS4_PREFILL_CHUNK", default_value_t = 512)]
     prefill_chunk: usize,
     /// Memory for the KV cache, activation scratch and buffers, in GiB
-    /// (fractions allowed). Default: half of the memory available at start,
-    /// at most what --max-seqs full contexts need. Requests that do not fit
-    /// get HTTP 503 with Retry-After.
+    /// (fractions allowed). Default: half of the memory available at start
+    /// (GPU memory with --device cuda), at most what --max-seqs full
+    /// contexts need. Requests that do not fit get HTTP 503 with
+    /// Retry-After.
     #[arg(long, env = "DS4_KV_MEMORY_GB")]
     kv_memory_gb: Option<f64>,
     /// Directory of the disk KV cache: long prompt prefixes are saved there

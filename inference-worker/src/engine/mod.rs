@@ -50,8 +50,8 @@ pub struct EngineConfig {
     /// Positions per KV block.
     pub block_size: usize,
     /// Memory budget for KV blocks, scratch and buffers, in bytes; `None`:
-    /// half of the memory available now, at most what `max_seqs` full
-    /// contexts need.
+    /// half of the memory available now (the GPU's for a GPU backend), at
+    /// most what `max_seqs` full contexts need.
     pub memory_bytes: Option<u64>,
     /// Disk KV cache directory and byte budget.
     pub disk: Option<(PathBuf, u64)>,
@@ -250,7 +250,10 @@ where
     let fixed = scratch + disk_buffer;
     let budget = cfg.memory_bytes.unwrap_or_else(|| {
         let want = fixed + (cfg.max_seqs * cfg.ctx.div_ceil(cfg.block_size)) as u64 * block_bytes;
-        available_memory().map_or(want, |a| want.min(a / 2))
+        // KV blocks and scratch live where the backend allocates: a GPU's
+        // free memory (after the weights), else the host's.
+        let free = lm.backend.device_free_memory().or_else(available_memory);
+        free.map_or(want, |a| want.min(a / 2))
     });
     let ledger = Ledger::new(
         budget,

@@ -575,6 +575,13 @@ impl Backend for CudaBackend {
         true
     }
 
+    fn device_free_memory(&self) -> Option<u64> {
+        self.bind().ok()?;
+        cudarc::driver::result::mem_get_info()
+            .ok()
+            .map(|(free, _total)| free as u64)
+    }
+
     fn bind_weight(&self, src: WeightSource) -> Result<CudaWeight, BackendError> {
         let row_bytes = check_weight(
             &src.name,
