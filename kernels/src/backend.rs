@@ -257,6 +257,29 @@ pub enum BackendError {
     Device(String),
 }
 
+impl BackendError {
+    /// Checks `out = W · x` shapes (`[rows, cols]` each) for every backend's
+    /// matmul: `x` is as wide as `W`, `out` has a row per `x` row and a
+    /// column per `W` row.
+    pub fn check_matmul(
+        weight: &str,
+        w: (usize, usize),
+        x: (usize, usize),
+        out: (usize, usize),
+    ) -> Result<(), BackendError> {
+        if x.1 != w.1 || out.0 != x.0 || out.1 != w.0 {
+            return Err(BackendError::Shape {
+                op: "matmul",
+                detail: format!(
+                    "{weight} is [{}, {}], x is [{}, {}], out is [{}, {}]",
+                    w.0, w.1, x.0, x.1, out.0, out.1
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The operations a family forward pass may use.
 pub trait Backend: Send + Sync {
     /// An activation matrix `[rows, cols]` f32, resident where the backend computes.

@@ -20,16 +20,12 @@ use crate::quant;
 const ROWS_PER_TASK: usize = 32;
 
 fn check(w: &CpuWeight, x: &CpuTensor, out: &CpuTensor) -> Result<(), BackendError> {
-    if x.cols != w.cols || out.rows != x.rows || out.cols != w.rows {
-        return Err(BackendError::Shape {
-            op: "matmul",
-            detail: format!(
-                "{} is [{}, {}], x is [{}, {}], out is [{}, {}]",
-                w.name, w.rows, w.cols, x.rows, x.cols, out.rows, out.cols
-            ),
-        });
-    }
-    Ok(())
+    BackendError::check_matmul(
+        &w.name,
+        (w.rows, w.cols),
+        (x.rows, x.cols),
+        (out.rows, out.cols),
+    )
 }
 
 pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), BackendError> {

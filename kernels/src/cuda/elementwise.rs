@@ -31,14 +31,11 @@ pub fn add_rms_norm(
         "add_rms_norm: shapes"
     );
     assert_eq!(w.cols, x.cols, "add_rms_norm: weight length");
-    let dense = w
-        .dense
-        .as_ref()
-        .expect("element-wise weight is one row and bound dense");
+    let wp = be.dense_ptr(w);
     if x.rows == 0 {
         return Ok(());
     }
-    let (xp, yp, wp, op) = (x.ptr, y.ptr, be.ptr(dense), out.ptr);
+    let (xp, yp, op) = (x.ptr, y.ptr, out.ptr);
     let cols = x.cols as i32;
     launch!(be, "add_rms_norm", (x.rows as u32, 1, 1), norm_threads(x.cols); &xp, &yp, &wp, &op, &cols, &eps)
 }
@@ -52,14 +49,11 @@ pub fn rms_norm(
 ) -> Result<(), BackendError> {
     assert_eq!((x.rows, x.cols), (out.rows, out.cols), "rms_norm: shapes");
     assert_eq!(w.cols, x.cols, "rms_norm: weight length");
-    let dense = w
-        .dense
-        .as_ref()
-        .expect("element-wise weight is one row and bound dense");
+    let wp = be.dense_ptr(w);
     if x.rows == 0 {
         return Ok(());
     }
-    let (xp, wp, op) = (x.ptr, be.ptr(dense), out.ptr);
+    let (xp, op) = (x.ptr, out.ptr);
     let cols = x.cols as i32;
     launch!(be, "rms_norm", (x.rows as u32, 1, 1), norm_threads(x.cols); &xp, &wp, &op, &cols, &eps)
 }
@@ -102,15 +96,12 @@ pub fn add_bias(
     bias: &CudaWeight,
 ) -> Result<(), BackendError> {
     assert_eq!(bias.cols, x.cols, "add_bias: bias length");
-    let dense = bias
-        .dense
-        .as_ref()
-        .expect("element-wise weight is one row and bound dense");
+    let bp = be.dense_ptr(bias);
     let n = x.rows * x.cols;
     if n == 0 {
         return Ok(());
     }
-    let (xp, bp) = (x.ptr, be.ptr(dense));
+    let xp = x.ptr;
     let (n64, cols) = (n as u64, x.cols as u64);
     launch!(be, "add_bias", (blocks(n, 256), 1, 1), 256; &xp, &bp, &n64, &cols)
 }

@@ -47,15 +47,12 @@ pub fn matmul_many(
         }
     }
     for (w, out) in ws.iter().zip(outs.iter()) {
-        if x.cols != w.cols || out.rows != x.rows || out.cols != w.rows {
-            return Err(BackendError::Shape {
-                op: "matmul",
-                detail: format!(
-                    "{} is [{}, {}], x is [{}, {}], out is [{}, {}]",
-                    w.name, w.rows, w.cols, x.rows, x.cols, out.rows, out.cols
-                ),
-            });
-        }
+        BackendError::check_matmul(
+            &w.name,
+            (w.rows, w.cols),
+            (x.rows, x.cols),
+            (out.rows, out.cols),
+        )?;
     }
     if x.rows == 0 {
         return Ok(());
@@ -194,14 +191,7 @@ fn launch_quantized(
         };
         let name = format!("mv{tpr}_{suffix}");
         let grid = (n_out.div_ceil(128 / tpr) as u32, 1, 1);
-        let bp = match bias {
-            Some(b) => be.ptr(
-                b.dense
-                    .as_ref()
-                    .expect("element-wise weight is one row and bound dense"),
-            ),
-            None => 0u64,
-        };
+        let bp = bias.map_or(0u64, |b| be.dense_ptr(b));
         launch!(be, name.as_str(), grid, 128;
             &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &op, &n_out_i, &n_in_i, &bp)?;
         return Ok(bias.is_some());

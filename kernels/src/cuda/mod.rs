@@ -448,6 +448,16 @@ impl CudaBackend {
         s.device_ptr(&self.stream).0
     }
 
+    /// The device address of a one-row weight's f32 values (norm scales,
+    /// biases), which element-wise kernels read.
+    fn dense_ptr(&self, w: &CudaWeight) -> u64 {
+        let dense = w
+            .dense
+            .as_ref()
+            .expect("element-wise weight is one row and bound dense");
+        self.ptr(dense)
+    }
+
     fn weight_ptr(&self, w: &CudaWeight) -> u64 {
         match &w.mem {
             WeightMem::Owned(s) => self.ptr(s),
