@@ -188,53 +188,23 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-attn_part_f16_d2(const float* q, const u16* pool, const u32* tables, const int* info, float* part_m,
-                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk, float* out) {
-    attn_part<u16, 2>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk, out);
-}
+// attn_part_<elem>_d<MAXD>: one entry point per KV element type and head
+// size class.
+#define ATTN_PART(name, E, MAXD)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128)                                               \
+    name(const float* q, const E* pool, const u32* tables, const int* info, float* part_m,          \
+         float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems, \
+         u64 layer_off, float scale, int chunk, float* out) {                                      \
+        attn_part<E, MAXD>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd,  \
+                           bs, block_elems, layer_off, scale, chunk, out);                          \
+    }
 
-extern "C" __global__ void __launch_bounds__(128)
-attn_part_f16_d4(const float* q, const u16* pool, const u32* tables, const int* info, float* part_m,
-                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk, float* out) {
-    attn_part<u16, 4>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk, out);
-}
-
-extern "C" __global__ void __launch_bounds__(128)
-attn_part_f16_d16(const float* q, const u16* pool, const u32* tables, const int* info, float* part_m,
-                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk, float* out) {
-    attn_part<u16, 16>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk, out);
-}
-
-extern "C" __global__ void __launch_bounds__(128)
-attn_part_f32_d2(const float* q, const float* pool, const u32* tables, const int* info, float* part_m,
-                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk, float* out) {
-    attn_part<float, 2>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk, out);
-}
-
-extern "C" __global__ void __launch_bounds__(128)
-attn_part_f32_d4(const float* q, const float* pool, const u32* tables, const int* info, float* part_m,
-                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk, float* out) {
-    attn_part<float, 4>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk, out);
-}
-
-extern "C" __global__ void __launch_bounds__(128)
-attn_part_f32_d16(const float* q, const float* pool, const u32* tables, const int* info, float* part_m,
-                float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems,
-                u64 layer_off, float scale, int chunk, float* out) {
-    attn_part<float, 16>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd, bs, block_elems,
-                       layer_off, scale, chunk, out);
-}
+ATTN_PART(attn_part_f16_d2, u16, 2)
+ATTN_PART(attn_part_f16_d4, u16, 4)
+ATTN_PART(attn_part_f16_d16, u16, 16)
+ATTN_PART(attn_part_f32_d2, float, 2)
+ATTN_PART(attn_part_f32_d4, float, 4)
+ATTN_PART(attn_part_f32_d16, float, 16)
 
 // grid = (rows, n_head): out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M).
 // Rows of no sequence get zeros.

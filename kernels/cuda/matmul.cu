@@ -95,6 +95,30 @@ extern "C" __global__ void round_f16(const float* x, float* y, int n) {
 
 // ---- quantized x quantized (production) --------------------------------
 
+// The integer dot of one 32-value weight chunk (quants q, half scales s0,
+// s1, min scale m) with the activation chunk at a (32 int8, 16-byte
+// aligned): isum = s0 * dot(first 16) + s1 * dot(last 16); for Q8_K
+// activations also summs = m * the chunk's two 16-value sums at bsp.
+template <class T>
+__device__ __forceinline__ void chunk_dot(const int* q, int s0, int s1, int m, const i8* a, const int* bsp,
+                                          int& isum, int& summs) {
+    const int4* ap = (const int4*)a;
+    int4 a0 = ap[0], a1 = ap[1];
+    int lo = 0, hi = 0;
+    lo = __dp4a(q[0], a0.x, lo);
+    lo = __dp4a(q[1], a0.y, lo);
+    lo = __dp4a(q[2], a0.z, lo);
+    lo = __dp4a(q[3], a0.w, lo);
+    hi = __dp4a(q[4], a1.x, hi);
+    hi = __dp4a(q[5], a1.y, hi);
+    hi = __dp4a(q[6], a1.z, hi);
+    hi = __dp4a(q[7], a1.w, hi);
+    isum = s0 * lo + s1 * hi;
+    if (T::ACT == 2) summs = m * (bsp[0] + bsp[1]);
+}
+
+
+
 template <class T, int NT>
 __device__ __forceinline__ void mm_q(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
                                      const float* as, const int* bs, float* out, int n_out,
@@ -127,24 +151,9 @@ __device__ __forceinline__ void mm_q(const u8* W, u64 row_bytes, const i8* aq, c
             int tok = t0 + t;
             if (tok < n_tok) {  // uniform over the warp
                 int isum = 0, summs = 0;
-                if (ok) {
-                    const int4* ap = (const int4*)(aq + (u64)tok * n_in + 32 * (u64)c);
-                    int4 a0 = ap[0], a1 = ap[1];
-                    int lo = 0, hi = 0;
-                    lo = __dp4a(q[0], a0.x, lo);
-                    lo = __dp4a(q[1], a0.y, lo);
-                    lo = __dp4a(q[2], a0.z, lo);
-                    lo = __dp4a(q[3], a0.w, lo);
-                    hi = __dp4a(q[4], a1.x, hi);
-                    hi = __dp4a(q[5], a1.y, hi);
-                    hi = __dp4a(q[6], a1.z, hi);
-                    hi = __dp4a(q[7], a1.w, hi);
-                    isum = s0 * lo + s1 * hi;
-                    if (T::ACT == 2) {
-                        const int* bp = bs + (u64)tok * (n_in / 16) + 2 * c;
-                        summs = m * (bp[0] + bp[1]);
-                    }
-                }
+                if (ok)
+                    chunk_dot<T>(q, s0, s1, m, aq + (u64)tok * n_in + 32 * (u64)c,
+                                 bs + (u64)tok * (n_in / 16) + 2 * c, isum, summs);
 #pragma unroll
                 for (int o = T::NSUB / 2; o > 0; o >>= 1) {
                     isum += __shfl_xor_sync(FULL_MASK, isum, o);
@@ -214,19 +223,7 @@ __device__ __forceinline__ void mv_q(const u8* W, u64 row_bytes, const i8* aq, c
             int isum = 0, summs = 0;
             if (ok) {
                 load_chunk<T>(blk, sub, q, s0, s1, m);
-                const int4* ap = (const int4*)(aq + 32 * (u64)c);
-                int4 a0 = ap[0], a1 = ap[1];
-                int lo = 0, hi = 0;
-                lo = __dp4a(q[0], a0.x, lo);
-                lo = __dp4a(q[1], a0.y, lo);
-                lo = __dp4a(q[2], a0.z, lo);
-                lo = __dp4a(q[3], a0.w, lo);
-                hi = __dp4a(q[4], a1.x, hi);
-                hi = __dp4a(q[5], a1.y, hi);
-                hi = __dp4a(q[6], a1.z, hi);
-                hi = __dp4a(q[7], a1.w, hi);
-                isum = s0 * lo + s1 * hi;
-                if (T::ACT == 2) summs = m * (bs[2 * c] + bs[2 * c + 1]);
+                chunk_dot<T>(q, s0, s1, m, aq + 32 * (u64)c, bs + 2 * c, isum, summs);
             }
 #pragma unroll
             for (int o = T::NSUB / 2; o > 0; o >>= 1) {
