@@ -105,24 +105,20 @@ fn old_path(ty: GgmlType, k: usize, w: &[u8], m: usize, x: &[f32], out: &mut [f3
     }
 }
 
-/// The single-row path (unchanged): one `vec_dot` per weight row.
-fn one_row(ty: GgmlType, k: usize, w: &[u8], m: usize, x: &[f32], out: &mut [f32]) {
-    let act = quantize_act(ty, x, k);
-    let wrow = w.len() / m;
-    out.par_chunks_mut(ROWS_PER_TASK)
-        .enumerate()
-        .for_each(|(task, dst)| {
-            let base = task * ROWS_PER_TASK;
-            for (i, o) in dst.iter_mut().enumerate() {
-                *o = quant::vec_dot(ty, k, &w[(base + i) * wrow..(base + i + 1) * wrow], &act);
-            }
-        });
-}
-
-/// The single-row path of `cpu::matmul` now: the same, with the
-/// vectorized activation quantization.
-fn one_row_new(ty: GgmlType, k: usize, w: &[u8], m: usize, x: &[f32], out: &mut [f32]) {
-    let act = quantize_act_new(ty, x, k);
+/// The single-row path: one `vec_dot` per weight row, against the row of
+/// activations `quantize` makes (`quantize_act`: the path before the
+/// vectorized activation quantization; `quantize_act_new`: `cpu::matmul`
+/// now).
+fn one_row(
+    quantize: fn(GgmlType, &[f32], usize) -> Vec<u8>,
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    m: usize,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    let act = quantize(ty, x, k);
     let wrow = w.len() / m;
     out.par_chunks_mut(ROWS_PER_TASK)
         .enumerate()
@@ -297,8 +293,8 @@ fn main() {
             let mut b = vec![0f32; n * m];
             let (old, new) = if n == 1 {
                 median_secs(
-                    || one_row(ty, k, &w, m, &x, &mut a),
-                    || one_row_new(ty, k, &w, m, &x, &mut b),
+                    || one_row(quantize_act, ty, k, &w, m, &x, &mut a),
+                    || one_row(quantize_act_new, ty, k, &w, m, &x, &mut b),
                 )
             } else {
                 median_secs(

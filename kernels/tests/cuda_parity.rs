@@ -122,6 +122,29 @@ fn bind<B: Backend>(
     .unwrap_or_else(|e| panic!("bind {name}: {e}"))
 }
 
+/// Little-endian bytes of f32 values (an F32 weight's GGUF bytes).
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A one-row F32 weight (norm scale, bias) bound on both backends.
+fn row_weight(
+    g: &CudaBackend,
+    c: &CpuBackend,
+    name: &str,
+    values: &[f32],
+) -> (
+    <CudaBackend as Backend>::Weight,
+    <CpuBackend as Backend>::Weight,
+) {
+    let bytes = f32_bytes(values);
+    let cols = values.len();
+    (
+        bind(g, name, GgmlType::F32, 1, cols, &bytes),
+        bind(c, name, GgmlType::F32, 1, cols, &bytes),
+    )
+}
+
 /// Asserts `rel = max|got - want| / max|want| <= tol` and reports it.
 fn check(name: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
     assert_eq!(got.len(), want.len(), "{name}: lengths");
@@ -216,15 +239,7 @@ fn rms_norm_rows() {
     let mut rng = Rng::new(3);
     for (rows, cols) in [(1, 4096), (7, 576), (3, 64)] {
         let x = rng.vec(rows * cols, 4.0);
-        let w: Vec<u8> = rng
-            .vec(cols, 2.0)
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let (wg, wc) = (
-            bind(g, "norm", GgmlType::F32, 1, cols, &w),
-            bind(&c, "norm", GgmlType::F32, 1, cols, &w),
-        );
+        let (wg, wc) = row_weight(g, &c, "norm", &rng.vec(cols, 2.0));
         let (xg, xc) = (g.tensor_from(rows, cols, &x), c.tensor_from(rows, cols, &x));
         let (mut og, mut oc) = (g.tensor(rows, cols), c.tensor(rows, cols));
         g.rms_norm(&xg, &wg, 1e-5, &mut og);
@@ -247,15 +262,7 @@ fn add_rms_norm_fused() {
     let mut rng = Rng::new(31);
     for (rows, cols) in [(1, 576), (5, 3584)] {
         let (x, y) = (rng.vec(rows * cols, 4.0), rng.vec(rows * cols, 4.0));
-        let w: Vec<u8> = rng
-            .vec(cols, 2.0)
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let (wg, wc) = (
-            bind(g, "norm", GgmlType::F32, 1, cols, &w),
-            bind(&c, "norm", GgmlType::F32, 1, cols, &w),
-        );
+        let (wg, wc) = row_weight(g, &c, "norm", &rng.vec(cols, 2.0));
         let yg = g.tensor_from(rows, cols, &y);
         let (mut xf, mut of) = (g.tensor_from(rows, cols, &x), g.tensor(rows, cols));
         g.add_rms_norm(&mut xf, &yg, &wg, 1e-5, &mut of);
@@ -309,12 +316,7 @@ fn matmul_many_equals_separate_matmuls() {
         let mut outs: Vec<_> = many.iter_mut().collect();
         let bias_bytes: Vec<Vec<u8>> = ws
             .iter()
-            .map(|w| {
-                rng.vec(w.rows, 1.0)
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect()
-            })
+            .map(|w| f32_bytes(&rng.vec(w.rows, 1.0)))
             .collect();
         let biases: Vec<_> = ws
             .iter()
@@ -414,15 +416,7 @@ fn add_bias_rows() {
     let mut rng = Rng::new(8);
     for (rows, cols) in [(1, 3584), (9, 512), (5, 96)] {
         let x = rng.vec(rows * cols, 8.0);
-        let bias: Vec<u8> = rng
-            .vec(cols, 3.0)
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let (bg, bc) = (
-            bind(g, "bias", GgmlType::F32, 1, cols, &bias),
-            bind(&c, "bias", GgmlType::F32, 1, cols, &bias),
-        );
+        let (bg, bc) = row_weight(g, &c, "bias", &rng.vec(cols, 3.0));
         let (mut xg, mut xc) = (g.tensor_from(rows, cols, &x), c.tensor_from(rows, cols, &x));
         g.add_bias(&mut xg, &bg);
         c.add_bias(&mut xc, &bc);

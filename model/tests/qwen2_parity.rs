@@ -351,11 +351,13 @@ fn production_numerics_near_reference_and_batch_invariant() {
 
 #[test]
 fn contract_names_missing_bias_and_rope_base() {
-    let bytes = tiny_qwen2(Some("blk.1.attn_k.bias"), None);
-    let (_dir, file) = open(&bytes);
-    let err = Model::load(&file, &CpuBackend::new())
-        .err()
-        .expect("refused");
+    let refused = |bytes: &[u8]| {
+        let (_dir, file) = open(bytes);
+        Model::load(&file, &CpuBackend::new())
+            .err()
+            .expect("refused")
+    };
+    let err = refused(&tiny_qwen2(Some("blk.1.attn_k.bias"), None));
     assert!(
         matches!(
             &err,
@@ -364,11 +366,7 @@ fn contract_names_missing_bias_and_rope_base() {
         "{err:?}"
     );
 
-    let bytes = tiny_qwen2(None, Some("qwen2.rope.freq_base"));
-    let (_dir, file) = open(&bytes);
-    let err = Model::load(&file, &CpuBackend::new())
-        .err()
-        .expect("refused");
+    let err = refused(&tiny_qwen2(None, Some("qwen2.rope.freq_base")));
     assert!(
         matches!(
             &err,

@@ -96,6 +96,16 @@ struct Pinned {
 // used under the backend's lock.
 unsafe impl Send for Pinned {}
 
+impl Pinned {
+    /// `len` bytes (the context must be current on this thread).
+    fn alloc(len: usize) -> Result<Pinned, BackendError> {
+        // SAFETY: a fresh allocation, written before it is read.
+        let p = unsafe { result::malloc_host(len, 0) }
+            .map_err(|e| dev_err(&format!("allocating {len} bytes of pinned staging"), e))?;
+        Ok(Pinned { ptr: p.cast(), len })
+    }
+}
+
 impl Drop for Pinned {
     fn drop(&mut self) {
         // SAFETY: allocated by malloc_host and freed once; staging is only
@@ -122,14 +132,10 @@ impl Staging {
             .last()
             .is_some_and(|c| self.used + bytes <= c.len);
         if !fits {
-            let total: usize = self.chunks.iter().map(|c| c.len).sum();
-            let len = bytes.max(2 * total).max(1 << 16);
+            let len = bytes.max(2 * self.total()).max(1 << 16);
             ctx.bind_to_thread()
                 .map_err(|e| dev_err("binding the CUDA context", e))?;
-            // SAFETY: a fresh allocation, written before it is read.
-            let p = unsafe { result::malloc_host(len, 0) }
-                .map_err(|e| dev_err(&format!("allocating {len} bytes of pinned staging"), e))?;
-            self.chunks.push(Pinned { ptr: p.cast(), len });
+            self.chunks.push(Pinned::alloc(len)?);
             self.used = 0;
         }
         let c = self.chunks.last().expect("a chunk");
@@ -146,15 +152,16 @@ impl Staging {
     pub fn reset(&mut self) {
         self.used = 0;
         if self.chunks.len() > 1 {
-            let total: usize = self.chunks.iter().map(|c| c.len).sum();
+            let total = self.total();
             self.chunks.clear();
-            // SAFETY: a fresh allocation, written before it is read.
-            if let Ok(p) = unsafe { result::malloc_host(total, 0) } {
-                self.chunks.push(Pinned {
-                    ptr: p.cast(),
-                    len: total,
-                });
+            // On failure the next put allocates again (and reports it).
+            if let Ok(p) = Pinned::alloc(total) {
+                self.chunks.push(p);
             }
         }
+    }
+
+    fn total(&self) -> usize {
+        self.chunks.iter().map(|c| c.len).sum()
     }
 }
