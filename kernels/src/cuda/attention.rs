@@ -69,7 +69,8 @@ pub fn attention(
     // Each sequence's table padded to the context bucket, so that the
     // upload's size (and so the recorded pass) stays the same from one
     // decode step to the next.
-    let table_len = bucket(max_len(seqs)).div_ceil(bs);
+    let ctx_bucket = bucket(max_len(seqs));
+    let table_len = ctx_bucket.div_ceil(bs);
     let mut info = vec![-1i32; 4 * q.rows];
     let mut tables: Vec<u32> = Vec::new();
     for s in seqs {
@@ -144,7 +145,7 @@ pub fn attention(
     launch!(be, store, (q.rows as u32, 1, 1), 128;
         &kp, &vp, &pp, &ip, &kv_dim_i, &bs_i, &block_elems, &layer_off)?;
     // Split the positions so that short batches still fill the GPU.
-    let (n_split, chunk) = split(q.rows * cfg.n_head, bucket(max_len(seqs)));
+    let (n_split, chunk) = split(q.rows * cfg.n_head, ctx_bucket);
     let parts = q.rows * cfg.n_head * n_split;
     let s = be.scratch(&[4 * parts, 4 * parts, 4 * parts * hd])?;
     let (pm, pl, pa) = (s[0], s[1], s[2]);
