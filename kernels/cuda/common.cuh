@@ -50,3 +50,35 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
     return v;
 }
+
+// Int8 tensor-core products (sm_80+; never launched below, see matmul.rs).
+// Fragments (PTX ISA, mma.m16n8k16 / m16n8k32 .s8): lane = 4 * g + t; A
+// regs hold rows g and g + 8 at bytes 4t .. 4t + 3 (k32: then rows g and
+// g + 8 at bytes 16 + 4t ..); B regs hold column (token) g at k bytes 4t ..
+// (k32: then 16 + 4t ..); C holds rows g, g + 8 x columns 2t, 2t + 1.
+
+// c += a (16 x 16) * b (16 x 8).
+__device__ __forceinline__ void mma_s8(int* c, int a0, int a1, int b0) {
+#if __CUDA_ARCH__ < 800
+    __trap();
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+#endif
+}
+
+// c += a (16 x 32) * b (32 x 8).
+__device__ __forceinline__ void mma_s8_k32(int* c, const int* a, int b0, int b1) {
+#if __CUDA_ARCH__ < 800
+    __trap();
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+

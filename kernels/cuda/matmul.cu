@@ -366,17 +366,6 @@ __device__ __forceinline__ void mm_f(const u8* W, u64 row_bytes, const float* x,
 #define MMA_WARPS 4
 #define MMA_TT 4
 
-__device__ __forceinline__ void mma_s8(int* c, int a0, int a1, int b0) {
-#if __CUDA_ARCH__ < 800
-    __trap();  // never launched below sm_80 (see matmul.rs)
-#else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-#endif
-}
-
 // What a lane reads for one 32-value chunk: its A fragment words of rows
 // g and g + 8, their integer scales, and its B words of every token tile.
 // Loaded one chunk ahead of the one being multiplied, so that the loads

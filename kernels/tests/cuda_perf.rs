@@ -87,7 +87,7 @@ fn perf_matmul() {
     ] {
         let w = weight(&be, ty, n_out, n_in);
         let bytes = (ty.row_bytes(n_in).unwrap() * n_out) as f64;
-        for n_tok in [1usize, 512] {
+        for n_tok in [1usize, 16, 64, 512] {
             let x = be.tensor_from(n_tok, n_in, &vec![0.5; n_tok * n_in]);
             let mut out = be.tensor(n_tok, n_out);
             let us = time_us(&be, 20, || be.matmul(&w, &x, &mut out).unwrap());
@@ -95,8 +95,9 @@ fn perf_matmul() {
                 format!("{:.0} GB/s", bytes / us / 1e3)
             } else {
                 format!(
-                    "{:.1} TFLOP/s",
-                    2.0 * (n_out * n_in * n_tok) as f64 / us / 1e6
+                    "{:.1} TFLOP/s {:.0} GB/s",
+                    2.0 * (n_out * n_in * n_tok) as f64 / us / 1e6,
+                    bytes / us / 1e3
                 )
             };
             println!(

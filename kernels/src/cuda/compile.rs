@@ -32,6 +32,9 @@ pub struct KernelSource {
     src: &'static str,
     /// Whether `quant.cuh` is prepended.
     quant: bool,
+    /// Whether its kernels may use all the dynamic shared memory a block
+    /// can opt into (set when the module is loaded).
+    pub big_smem: bool,
     pub kernels: &'static [&'static str],
 }
 
@@ -56,6 +59,7 @@ pub const SOURCES: &[KernelSource] = &[
         name: "elementwise",
         src: include_str!("../../cuda/elementwise.cu"),
         quant: false,
+        big_smem: false,
         kernels: &[
             "rms_norm",
             "add_rms_norm",
@@ -70,6 +74,7 @@ pub const SOURCES: &[KernelSource] = &[
         name: "embed",
         src: include_str!("../../cuda/embed.cu"),
         quant: true,
+        big_smem: false,
         kernels: &[
             "embed_f32",
             "embed_f16",
@@ -86,6 +91,7 @@ pub const SOURCES: &[KernelSource] = &[
         name: "matmul",
         src: include_str!("../../cuda/matmul.cu"),
         quant: true,
+        big_smem: false,
         kernels: &[
             "act_q8_0",
             "act_q8_k",
@@ -149,9 +155,32 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        name: "matmul_tiled",
+        src: include_str!("../../cuda/matmul_tiled.cu"),
+        quant: true,
+        big_smem: true,
+        kernels: &[
+            "mmt1_q4_0",
+            "mmt2_q4_0",
+            "mmt1_q4_1",
+            "mmt2_q4_1",
+            "mmt1_q5_0",
+            "mmt2_q5_0",
+            "mmt1_q8_0",
+            "mmt2_q8_0",
+            "mmt1_q4_k",
+            "mmt2_q4_k",
+            "mmt1_q5_k",
+            "mmt2_q5_k",
+            "mmt1_q6_k",
+            "mmt2_q6_k",
+        ],
+    },
+    KernelSource {
         name: "attention",
         src: include_str!("../../cuda/attention.cu"),
         quant: false,
+        big_smem: false,
         kernels: &[
             "kv_store_f16",
             "kv_store_f32",

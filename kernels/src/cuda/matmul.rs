@@ -19,6 +19,21 @@ const ROWS_PER_BLOCK: usize = 4;
 /// tiles per warp (`MMA_WARPS`, `MMA_TT` in matmul.cu).
 const MMA_WARPS: usize = 4;
 const MMA_TOKEN_TILES: usize = 4;
+/// Tiled tensor-core kernel (matmul_tiled.cu): warps along the weight
+/// rows (32 rows each) of a block.
+const TILED_ROW_WARPS: usize = 4;
+const TILED_ROWS: usize = 32 * TILED_ROW_WARPS;
+
+/// Dynamic shared memory of `mmt<wc>_<type>` (the layout in
+/// matmul_tiled.cu): two stages of raw weight rows, activation quants and
+/// scales, then the unpacked int8 tile and its scales.
+fn tiled_smem_bytes(ty: GgmlType, wc: usize) -> usize {
+    let tile_bytes = ty.row_bytes(256).expect("quantized types fill 256 values");
+    let raw_stride = 16 * ((tile_bytes + 30) / 16);
+    let (rows, toks) = (TILED_ROWS, 32 * wc);
+    let stage = rows * raw_stride + toks * (272 + 32 + 32 + 64);
+    2 * stage + rows * (272 + 2 * 4 * 9)
+}
 
 pub fn matmul(
     be: &CudaBackend,
@@ -195,6 +210,23 @@ fn launch_quantized(
         launch!(be, name.as_str(), grid, 128;
             &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &op, &n_out_i, &n_in_i, &bp)?;
         return Ok(bias.is_some());
+    }
+    if be.tensor_cores() {
+        // The tiled kernel where the device gives a block its shared
+        // memory: 128 weight rows x 32 or 64 tokens per block.
+        let wc = if n_tok <= 32 { 1 } else { 2 };
+        let smem = tiled_smem_bytes(w.ggml_type, wc);
+        if smem <= be.smem_optin as usize {
+            let name = format!("mmt{wc}_{suffix}");
+            let grid = (
+                n_out.div_ceil(TILED_ROWS) as u32,
+                n_tok.div_ceil(32 * wc) as u32,
+                1,
+            );
+            launch!(be, name.as_str(), grid, (32 * TILED_ROW_WARPS as u32 * wc as u32, smem as u32);
+                &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &op, &n_out_i, &n_in_i, &n_tok_i)?;
+            return Ok(false);
+        }
     }
     let (name, grid) = if be.tensor_cores() {
         (

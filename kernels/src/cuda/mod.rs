@@ -29,15 +29,19 @@
 /// exact type of the kernel parameter (`u64` for pointers, `i32` for
 /// `int`, `f32`, `u32`). The launch is issued later (see [`queue`]).
 macro_rules! launch {
-    ($be:expr, $name:expr, $grid:expr, $block:expr; $($arg:expr),* $(,)?) => {{
+    // `($block, smem)`: with `smem` bytes of dynamic shared memory.
+    ($be:expr, $name:expr, $grid:expr, ($block:expr, $smem:expr); $($arg:expr),* $(,)?) => {{
         let args = [$( $crate::cuda::queue::KernelArg::slot($arg) ),*];
         // The arguments match the kernel's parameter list in kernels/cuda
         // (each wrapper is the only launcher of its kernels), and every
         // pointer is a live device allocation sized for the launch (checked
         // by the wrapper before recording): `queue::issue` relies on it.
-        $be.record_launch($name, $grid, $block, &args);
+        $be.record_launch($name, $grid, $block, $smem, &args);
         Ok::<(), $crate::backend::BackendError>(())
     }};
+    ($be:expr, $name:expr, $grid:expr, $block:expr; $($arg:expr),* $(,)?) => {
+        launch!($be, $name, $grid, ($block, 0); $($arg),*)
+    };
 }
 
 mod arena;
@@ -185,6 +189,8 @@ pub struct CudaBackend {
     stats: CompileStats,
     /// Batched quantized matmuls on int8 tensor cores (sm_80+).
     tensor_cores: AtomicBool,
+    /// Dynamic shared memory a block may opt into (bytes).
+    smem_optin: u32,
     /// Recorded commands, arenas, staging and graphs.
     state: Arc<Mutex<queue::State>>,
     /// Tensors alive.
@@ -217,6 +223,11 @@ impl CudaBackend {
             .new_stream()
             .map_err(|e| dev_err("creating a CUDA stream", e))?;
         compile::nvrtc_available().map_err(BackendError::Device)?;
+        let smem_optin = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| dev_err("querying the shared memory size", e))? as u32;
         let mut stats = CompileStats::default();
         let mut funcs = HashMap::new();
         for src in compile::SOURCES {
@@ -229,6 +240,13 @@ impl CudaBackend {
                 let f = module
                     .load_function(k)
                     .map_err(|e| dev_err(&format!("kernel {k} of {}.cu", src.name), e))?;
+                if src.big_smem {
+                    f.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem_optin as i32,
+                    )
+                    .map_err(|e| dev_err(&format!("allowing {k} its shared memory"), e))?;
+                }
                 funcs.insert(k, f);
             }
         }
@@ -251,6 +269,7 @@ impl CudaBackend {
             funcs,
             stats,
             tensor_cores: AtomicBool::new(arch >= 80),
+            smem_optin,
             state: Arc::new(Mutex::new(state)),
             live: Arc::new(AtomicUsize::new(0)),
         })
@@ -328,9 +347,16 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn record_launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[u64]) {
+    fn record_launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[u64],
+    ) {
         let f = self.func(name).cu_function();
-        self.lock().launch(f, grid, block, args);
+        self.lock().launch(f, grid, block, smem, args);
     }
 
     /// Binds a weight that already lives in device memory (e.g. a CUDA VMM

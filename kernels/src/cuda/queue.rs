@@ -68,6 +68,8 @@ pub enum Cmd {
         func: usize,
         grid: (u32, u32, u32),
         block: u32,
+        /// Dynamic shared memory in bytes.
+        smem: u32,
         n_args: u8,
         args: [u64; MAX_ARGS],
     },
@@ -163,6 +165,7 @@ impl State {
         func: sys::CUfunction,
         grid: (u32, u32, u32),
         block: u32,
+        smem: u32,
         args: &[u64],
     ) {
         assert!(
@@ -176,6 +179,7 @@ impl State {
             func: func as usize,
             grid,
             block,
+            smem,
             n_args: args.len() as u8,
             args: a,
         });
@@ -189,6 +193,7 @@ impl State {
                 func,
                 grid,
                 block,
+                smem,
                 n_args,
                 args,
             } => {
@@ -196,6 +201,7 @@ impl State {
                 h.add(*func as u64);
                 h.add(grid.0 as u64 | (grid.1 as u64) << 32);
                 h.add(grid.2 as u64 | (*block as u64) << 32);
+                h.add(*smem as u64);
                 for &a in &args[..*n_args as usize] {
                     h.add(a);
                 }
@@ -423,6 +429,7 @@ pub fn issue(stream: &CudaStream, cmds: &[Cmd]) -> Result<(), BackendError> {
                     func,
                     grid,
                     block,
+                    smem,
                     n_args,
                     args,
                 } => {
@@ -435,7 +442,7 @@ pub fn issue(stream: &CudaStream, cmds: &[Cmd]) -> Result<(), BackendError> {
                         *func as sys::CUfunction,
                         *grid,
                         (*block, 1, 1),
-                        0,
+                        *smem,
                         s,
                         &mut params[..*n_args as usize],
                     )
