@@ -15,18 +15,25 @@
 //   2. the block unpacks this tile's raw weights once into an int8 tile
 //      and integer scales (T::word, T::scales);
 //   3. each warp runs its mma tiles over the tile's 32-value chunks from
-//      shared memory, keeps exact integer sums per weight block and
+//      shared memory, keeps exact integer sums per weight block (legacy
+//      formats: in the mma accumulators; K-quants: scaled per chunk) and
 //      applies T::combine (reading the block's d from the raw copy) when
 //      a block ends.
 //
-// Dynamic shared memory (16-byte aligned sections; mmt_smem_bytes in
-// matmul.rs computes the same total):
+// Dynamic shared memory (Layout below; tiled_smem_bytes in matmul.rs
+// computes the same total), 16-byte aligned sections:
 //   2 stages x { raw weights BM x RS | activation quants BN x 272 |
-//                ad BN x 8 f32 | as BN x 8 f32 | bs BN x 16 i32 }
-//   int8 weight tile BM x 272 | scales BM x 9 i32 | mins BM x 9 i32
+//                ad | Q8_1 sums | Q8_K 16-value sums, per token }
+//   int8 weight tile BM x 272 | K-quants: scales BM x 9 i32 |
+//   Q4_K / Q5_K: min scales BM x 16 i8, activation sums split BN x 2 x 16 i8
 // where RS = 16 * floor((TB + 30) / 16) covers TB = 8 * BYTES / NSUB raw
 // bytes at any offset in a 16-byte unit. Rows are padded (272 = 256 + 16
 // bytes, 9 words) so that the fragment reads hit 32 different banks.
+//
+// K-quant min terms (summs = sum over 16-value halves of min scale x
+// activation sum) also run on the tensor cores, exactly: each activation
+// sum s (|s| <= 2032) is split as 64 * (s >> 6) + (s & 63), two int8
+// operands, so summs = 64 * mma(mins, hi) + mma(mins, lo).
 //
 // The widened copy may read up to 15 bytes past a weight row's last
 // block: within the same 16-byte unit, so within the same mapped page.
@@ -75,11 +82,29 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-template <class T>
-struct Tile {
+// Byte offsets of the dynamic shared memory (see the top of the file).
+template <class T, int BM, int BN>
+struct Layout {
     static constexpr int TB = 8 * T::BYTES / T::NSUB;
     static constexpr int RS = 16 * ((TB + 30) / 16);
-    static constexpr int ACT_BYTES = TS + 32 + 32 + 64;  // per token per stage
+    static constexpr bool KQ = T::ACT == 2;            // K-quant: 8 chunks per block
+    static constexpr bool MINS = KQ && !Halves<T>::v;  // Q4_K, Q5_K: a min term
+    static constexpr int AD_N = KQ ? 4 : 8;            // ad floats per token (K: 1 used)
+    static constexpr int AS_N = T::ACT == 1 ? 8 : 0;   // Q8_1 sums per token
+    static constexpr int BS_N = KQ ? 16 : 0;           // Q8_K 16-value sums per token
+    // One stage.
+    static constexpr int ACT = BM * RS;
+    static constexpr int AD = ACT + BN * TS;
+    static constexpr int AS = AD + BN * 4 * AD_N;
+    static constexpr int BS = AS + BN * 4 * AS_N;
+    static constexpr int STAGE = BS + BN * 4 * BS_N;
+    // After both stages.
+    static constexpr int Q = 2 * STAGE;                // int8 weight tile
+    static constexpr int SC = Q + BM * TS;             // K: s0 | s1 << 16 per (row, chunk)
+    static constexpr int MIN = SC + (KQ ? BM * 4 * SS : 0);    // min scales, 16 int8 per row
+    static constexpr int BH = MIN + (MINS ? BM * 16 : 0);      // activation sums >> 6
+    static constexpr int BL = BH + (MINS ? BN * 16 : 0);       // activation sums & 63
+    static constexpr int END = BL + (MINS ? BN * 16 : 0);
 };
 
 // Byte offset of weight row `row`'s K-tile kt inside its first 16-byte unit.
@@ -87,44 +112,43 @@ __device__ __forceinline__ int raw_off(const u8* W, u64 rb, int row, int kt, int
     return (int)((u64)(W + (u64)row * rb + (u64)kt * tb) & 15);
 }
 
+// Starts the copy of K-tile kt into stage `st`.
 template <class T, int BM, int BN, int NTH>
 __device__ __forceinline__ void mmt_stage(const u8* W, u64 rb, const i8* aq, const float* ad,
                                           const float* as, const int* bs, int n_out, int n_in,
                                           int n_tok, int row0, int tok0, int kt, u8* st) {
-    constexpr int TB = Tile<T>::TB, RS = Tile<T>::RS;
-    u8* raw = st;
-    u8* act = raw + BM * RS;
-    float* sad = (float*)(act + BN * TS);
-    float* sas = sad + BN * 8;
-    int* sbs = (int*)(sas + BN * 8);
+    typedef Layout<T, BM, BN> L;
     int nch = n_in / 32;
     int nc = min(8, nch - 8 * kt);                 // chunks in this K-tile
     int bytes = nc * T::BYTES / T::NSUB;           // K-quants: nc == NSUB
-    for (int u = threadIdx.x; u < BM * (RS / 16); u += NTH) {
-        int r = u / (RS / 16), k = u % (RS / 16);
+    for (int u = threadIdx.x; u < BM * (L::RS / 16); u += NTH) {
+        int r = u / (L::RS / 16), k = u % (L::RS / 16);
         int row = min(row0 + r, n_out - 1);
-        const u8* src = W + (u64)row * rb + (u64)kt * TB;
+        const u8* src = W + (u64)row * rb + (u64)kt * L::TB;
         const u8* a0 = (const u8*)((u64)src & ~(u64)15);
-        if (a0 + 16 * k < src + bytes) cp_async16(raw + r * RS + 16 * k, a0 + 16 * k);
+        if (a0 + 16 * k < src + bytes) cp_async16(st + r * L::RS + 16 * k, a0 + 16 * k);
     }
     for (int u = threadIdx.x; u < BN * 16; u += NTH) {
         int t = u / 16, k = u % 16;
         if (k < 2 * nc) {  // the 16-byte units of the tile's nc chunks
             int tok = min(tok0 + t, n_tok - 1);
-            cp_async16(act + t * TS + 16 * k, aq + (u64)tok * n_in + (u64)kt * KT + 16 * k);
+            cp_async16(st + L::ACT + t * TS + 16 * k, aq + (u64)tok * n_in + (u64)kt * KT + 16 * k);
         }
     }
     int nab = n_in / 32;
-    if (T::ACT == 2) {
+    float* sad = (float*)(st + L::AD);
+    if (L::KQ) {
+        int* sbs = (int*)(st + L::BS);
         for (int u = threadIdx.x; u < BN * 5; u += NTH) {
             int t = u / 5, k = u % 5;
             int tok = min(tok0 + t, n_tok - 1);
             if (k < 4)
                 cp_async16(sbs + t * 16 + 4 * k, bs + (u64)tok * (n_in / 16) + (u64)kt * 16 + 4 * k);
             else
-                cp_async4(sad + t * 8, ad + (u64)tok * nab + kt);
+                cp_async4(sad + t * L::AD_N, ad + (u64)tok * nab + kt);
         }
     } else {
+        float* sas = (float*)(st + L::AS);
         for (int u = threadIdx.x; u < BN * 8; u += NTH) {
             int t = u / 8, j = u % 8;
             if (j < nc) {
@@ -142,15 +166,16 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
                                          const float* as, const int* bs, float* out, int n_out,
                                          int n_in, int n_tok) {
     constexpr int BM = 32 * WR, BN = 32 * WC, NTH = 32 * WR * WC;
-    constexpr int TB = Tile<T>::TB, RS = Tile<T>::RS;
-    constexpr int STAGE = BM * RS + BN * Tile<T>::ACT_BYTES;
+    typedef Layout<T, BM, BN> L;
     extern __shared__ __align__(16) u8 smem[];
     u32 dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < 2 * STAGE + BM * (TS + 2 * 4 * SS)) __trap();  // host and kernel disagree
-    u8* sq = smem + 2 * STAGE;                     // int8 weight tile
-    int* ssc = (int*)(sq + BM * TS);               // s0 | s1 << 16 per (row, chunk)
-    int* smn = ssc + BM * SS;                      // min scale per (row, chunk)
+    if (dyn < L::END) __trap();  // the host's size disagrees with this layout
+    u8* sq = smem + L::Q;
+    int* ssc = (int*)(smem + L::SC);
+    u8* smin = smem + L::MIN;
+    i8* sbh = (i8*)(smem + L::BH);
+    i8* sbl = (i8*)(smem + L::BL);
 
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int g = lane >> 2, t = lane & 3;
@@ -158,40 +183,40 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
     int row0 = blockIdx.x * BM, tok0 = blockIdx.y * BN;
     int nch = n_in / 32, nkt = (nch + 7) / 8;
 
+    // Per (row tile, token tile, C register): the float sum over finished
+    // blocks and the integer sum of the current block.
     float acc[2][4][4];
-    int bi[2][4][4], bm[2][4][4];
+    int bi[2][4][4];
 #pragma unroll
     for (int a = 0; a < 2; a++)
 #pragma unroll
         for (int b = 0; b < 4; b++)
 #pragma unroll
-            for (int k = 0; k < 4; k++) { acc[a][b][k] = 0.0f; bi[a][b][k] = 0; bm[a][b][k] = 0; }
+            for (int k = 0; k < 4; k++) { acc[a][b][k] = 0.0f; bi[a][b][k] = 0; }
 
     mmt_stage<T, BM, BN, NTH>(W, rb, aq, ad, as, bs, n_out, n_in, n_tok, row0, tok0, 0, smem);
     cp_async_commit();
     for (int kt = 0; kt < nkt; kt++) {
-        u8* st = smem + (kt & 1) * STAGE;
+        const u8* st = smem + (kt & 1) * L::STAGE;
         if (kt + 1 < nkt) {
             mmt_stage<T, BM, BN, NTH>(W, rb, aq, ad, as, bs, n_out, n_in, n_tok, row0, tok0, kt + 1,
-                                      smem + ((kt + 1) & 1) * STAGE);
+                                      smem + ((kt + 1) & 1) * L::STAGE);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const u8* raw = st;
-        const u8* act = raw + BM * RS;
-        const float* sad = (const float*)(act + BN * TS);
-        const float* sas = sad + BN * 8;
-        const int* sbs = (const int*)(sas + BN * 8);
+        const u8* act = st + L::ACT;
+        const float* sad = (const float*)(st + L::AD);
+        const float* sas = (const float*)(st + L::AS);
         int nc = min(8, nch - 8 * kt);
         // Unpack: thread u takes chunk u % 8 of row u / 8.
         for (int u = threadIdx.x; u < BM * 8; u += NTH) {
             int r = u / 8, j = u % 8;
             if (j >= nc) continue;
             int row = min(row0 + r, n_out - 1);
-            const u8* blk = raw + r * RS + raw_off(W, rb, row, kt, TB) + (j / T::NSUB) * T::BYTES;
+            const u8* blk = st + r * L::RS + raw_off(W, rb, row, kt, L::TB) + (j / T::NSUB) * T::BYTES;
             int q[8], s0, s1, m;
             load_chunk<T>(blk, j % T::NSUB, q, s0, s1, m);
             int4* dst = (int4*)(sq + r * TS + 32 * j);
@@ -204,8 +229,20 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
                 v.w = q[4 * h + 3];
                 dst[h] = v;
             }
-            ssc[r * SS + j] = (s0 & 0xffff) | (s1 << 16);
-            smn[r * SS + j] = m;
+            if (L::KQ) {
+                ssc[r * SS + j] = (s0 & 0xffff) | (s1 << 16);
+                if (L::MINS) ((u16*)(smin + r * 16))[j] = (u16)(m | (m << 8));  // one per 16 values
+            }
+        }
+        if (L::MINS) {
+            // The 16-value activation sums as 64 * h + l, both int8, for
+            // the min term's two mma.
+            const int* sbs = (const int*)(st + L::BS);
+            for (int u = threadIdx.x; u < BN * 16; u += NTH) {
+                int v = sbs[u];
+                sbh[u] = (i8)(v >> 6);
+                sbl[u] = (i8)(v & 63);
+            }
         }
         __syncthreads();
         int offs[2][2];  // raw offsets of this lane's four rows
@@ -214,10 +251,10 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int r = 32 * wr + 16 * rt + 8 * h + g;
-                offs[rt][h] = r * RS + raw_off(W, rb, min(row0 + r, n_out - 1), kt, TB);
+                offs[rt][h] = r * L::RS + raw_off(W, rb, min(row0 + r, n_out - 1), kt, L::TB);
             }
         for (int j = 0; j < nc; j++) {
-            int a[2][4], s0[2][2], s1[2][2], mn[2][2];
+            int a[2][4], s0[2][2], s1[2][2];
 #pragma unroll
             for (int rt = 0; rt < 2; rt++) {
                 int r = 32 * wr + 16 * rt + g;
@@ -226,63 +263,70 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
                 a[rt][1] = *(const int*)(p + 8 * TS);
                 a[rt][2] = *(const int*)(p + 16);
                 a[rt][3] = *(const int*)(p + 8 * TS + 16);
+                if (L::KQ) {
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int s = ssc[(r + 8 * h) * SS + j];
-                    s0[rt][h] = (int)(short)(s & 0xffff);
-                    s1[rt][h] = s >> 16;
-                    mn[rt][h] = T::ACT == 2 ? smn[(r + 8 * h) * SS + j] : 0;
+                    for (int h = 0; h < 2; h++) {
+                        int s = ssc[(r + 8 * h) * SS + j];
+                        s0[rt][h] = (int)(short)(s & 0xffff);
+                        s1[rt][h] = s >> 16;
+                    }
                 }
             }
 #pragma unroll
             for (int tt = 0; tt < 4; tt++) {
-                int tb = 32 * wc + 8 * tt;
-                const u8* bp = act + (tb + g) * TS + 32 * j + 4 * t;
+                const u8* bp = act + (32 * wc + 8 * tt + g) * TS + 32 * j + 4 * t;
                 int b0 = *(const int*)bp, b1 = *(const int*)(bp + 16);
-                int bsum[2] = {0, 0};
-                if (T::ACT == 2) {
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int* q = sbs + (tb + 2 * t + e) * 16 + 2 * j;
-                        bsum[e] = q[0] + q[1];
-                    }
-                }
 #pragma unroll
                 for (int rt = 0; rt < 2; rt++) {
-                    int c[4] = {0, 0, 0, 0};
-                    if (Halves<T>::v) {
-                        int ch[4] = {0, 0, 0, 0};
+                    if (!L::KQ) {
+                        mma_s8_k32(bi[rt][tt], a[rt], b0, b1);  // unscaled: one block per chunk
+                    } else if (Halves<T>::v) {
+                        int c[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
                         mma_s8(c, a[rt][0], a[rt][1], b0);
                         mma_s8(ch, a[rt][2], a[rt][3], b1);
 #pragma unroll
                         for (int k = 0; k < 4; k++)
                             bi[rt][tt][k] += s0[rt][k >> 1] * c[k] + s1[rt][k >> 1] * ch[k];
                     } else {
+                        int c[4] = {0, 0, 0, 0};
                         mma_s8_k32(c, a[rt], b0, b1);
 #pragma unroll
                         for (int k = 0; k < 4; k++) bi[rt][tt][k] += s0[rt][k >> 1] * c[k];
                     }
-                    if (T::ACT == 2) {
-#pragma unroll
-                        for (int k = 0; k < 4; k++) bm[rt][tt][k] += mn[rt][k >> 1] * bsum[k & 1];
-                    }
                 }
             }
-            if (j % T::NSUB == T::NSUB - 1) {  // a weight block ends
+            if (j % T::NSUB != T::NSUB - 1) continue;
+            // A weight block ends: its min term (K-quants) and the float
+            // combine of every (row, token).
 #pragma unroll
-                for (int rt = 0; rt < 2; rt++)
+            for (int rt = 0; rt < 2; rt++) {
+                int am[2] = {0, 0};
+                if (L::MINS) {
+                    const u8* p = smin + (32 * wr + 16 * rt + g) * 16 + 4 * t;
+                    am[0] = *(const int*)p;
+                    am[1] = *(const int*)(p + 8 * 16);
+                }
 #pragma unroll
-                    for (int tt = 0; tt < 4; tt++)
+                for (int tt = 0; tt < 4; tt++) {
+                    int summs[4] = {0, 0, 0, 0};
+                    if (L::MINS) {
+                        int o = (32 * wc + 8 * tt + g) * 16 + 4 * t;
+                        int ch[4] = {0, 0, 0, 0};
+                        mma_s8(ch, am[0], am[1], *(const int*)(sbh + o));
+                        mma_s8(summs, am[0], am[1], *(const int*)(sbl + o));
 #pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            int tl = 32 * wc + 8 * tt + 2 * t + (k & 1);
-                            const u8* blk = raw + offs[rt][k >> 1] + (j / T::NSUB) * T::BYTES;
-                            int ai = T::ACT == 2 ? 0 : j;
-                            acc[rt][tt][k] += T::combine(blk, bi[rt][tt][k], bm[rt][tt][k], sad[tl * 8 + ai],
-                                                         T::ACT == 1 ? sas[tl * 8 + ai] : 0.0f);
-                            bi[rt][tt][k] = 0;
-                            bm[rt][tt][k] = 0;
-                        }
+                        for (int k = 0; k < 4; k++) summs[k] += 64 * ch[k];
+                    }
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        int tl = 32 * wc + 8 * tt + 2 * t + (k & 1);
+                        const u8* blk = st + offs[rt][k >> 1] + (j / T::NSUB) * T::BYTES;
+                        int ai = L::KQ ? 0 : j;
+                        acc[rt][tt][k] += T::combine(blk, bi[rt][tt][k], summs[k], sad[tl * L::AD_N + ai],
+                                                     T::ACT == 1 ? sas[tl * 8 + ai] : 0.0f);
+                        bi[rt][tt][k] = 0;
+                    }
+                }
             }
         }
         __syncthreads();

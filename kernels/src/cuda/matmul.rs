@@ -24,15 +24,27 @@ const MMA_TOKEN_TILES: usize = 4;
 const TILED_ROW_WARPS: usize = 4;
 const TILED_ROWS: usize = 32 * TILED_ROW_WARPS;
 
-/// Dynamic shared memory of `mmt<wc>_<type>` (the layout in
+/// Dynamic shared memory of `mmt<wc>_<type>` (`Layout` in
 /// matmul_tiled.cu): two stages of raw weight rows, activation quants and
-/// scales, then the unpacked int8 tile and its scales.
+/// scales, then the unpacked int8 tile, its scales and the min-term
+/// operands.
 fn tiled_smem_bytes(ty: GgmlType, wc: usize) -> usize {
     let tile_bytes = ty.row_bytes(256).expect("quantized types fill 256 values");
     let raw_stride = 16 * ((tile_bytes + 30) / 16);
     let (rows, toks) = (TILED_ROWS, 32 * wc);
-    let stage = rows * raw_stride + toks * (272 + 32 + 32 + 64);
-    2 * stage + rows * (272 + 2 * 4 * 9)
+    let k_quant = ty.vec_dot_type() == GgmlType::Q8_K;
+    let mins = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
+    // ad, Q8_1 sums, Q8_K 16-value sums per token (floats / ints).
+    let act_scales = if k_quant { 4 + 16 } else { 8 }
+        + if ty.vec_dot_type() == GgmlType::Q8_1 {
+            8
+        } else {
+            0
+        };
+    let stage = rows * raw_stride + toks * (272 + 4 * act_scales);
+    let scales = if k_quant { rows * 4 * 9 } else { 0 };
+    let min_terms = if mins { rows * 16 + toks * 32 } else { 0 };
+    2 * stage + rows * 272 + scales + min_terms
 }
 
 pub fn matmul(
