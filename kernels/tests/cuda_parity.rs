@@ -9,9 +9,11 @@
 //! operations in the same order (embed, add, copies, argmax, KV bytes);
 //! 1e-6 where a libm function may differ by an ulp or an f64 sum is
 //! ordered differently (rope, swiglu, rms_norm); 1e-5 where the order of
-//! f32 sums differs (matmul, attention). Measured on an H200 (sm_90):
-//! rope, rms_norm 0; swiglu 4e-8; matmul <= 5e-7 (production, dp4a and
-//! tensor cores) and <= 8e-7 (exact); attention <= 4e-7.
+//! f32 sums differs (matmul, attention); 2e-3 for production attention,
+//! whose prefill rows run on f16 tensor cores (q and the softmax weights
+//! rounded to f16). Measured on an H200 (sm_90): rope, rms_norm 0; swiglu
+//! 4e-8; matmul <= 5e-7 (production, dp4a and tensor cores) and <= 8e-7
+//! (exact); attention <= 4e-7 (exact).
 #![cfg(feature = "cuda")]
 
 use std::sync::OnceLock;
@@ -620,11 +622,17 @@ fn paged_attention(numerics: Numerics, n_head: usize, n_head_kv: usize, hd: usiz
             .unwrap();
         c.attention(&qc, &kc, &vc, &mut pc, 1, &seqs, &acfg, &mut oc)
             .unwrap();
+        // Production: prefill rows on f16 tensor cores.
+        let tol = if numerics == Numerics::Production {
+            2e-3
+        } else {
+            1e-5
+        };
         check(
             &format!("attention_{tag}_step{step}"),
             &g.to_host(&og),
             &oc.data,
-            1e-5,
+            tol,
         );
     }
     let bb = pcfg.block_bytes(g.kv_dtype(&pg));

@@ -156,3 +156,55 @@ fn perf_attention_decode() {
         );
     }
 }
+
+/// Prefill attention of one sequence (`rows` new positions after `past`):
+/// the tensor-core tiles against the split-KV kernel (tensor cores off).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn perf_attention_prefill() {
+    let be = CudaBackend::new(0, Numerics::Production).unwrap();
+    let (n_head, n_head_kv, hd, bs) = (28, 4, 128, 16);
+    let kv_dim = n_head_kv * hd;
+    for (rows, past) in [(512usize, 0usize), (4096, 0), (512, 3584)] {
+        let n_blocks = (past + rows).div_ceil(bs);
+        let pcfg = KvPoolConfig {
+            n_layer: 1,
+            kv_dim,
+            block_size: bs,
+            n_blocks,
+        };
+        let mut pool = be.kv_pool(pcfg).unwrap();
+        let table: Vec<u32> = (0..n_blocks as u32).collect();
+        let seqs = [KvSeq {
+            blocks: &table,
+            row: 0,
+            n_rows: rows,
+            pos: past,
+        }];
+        let q = be.tensor_from(rows, n_head * hd, &vec![0.1; rows * n_head * hd]);
+        let k = be.tensor_from(rows, kv_dim, &vec![0.1; rows * kv_dim]);
+        let mut out = be.tensor(rows, n_head * hd);
+        let cfg = AttentionConfig {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            scale: 0.088,
+        };
+        // q . k and p . v over the causal triangle (and the past).
+        let pairs = (rows * past + rows * (rows + 1) / 2) as f64;
+        let flops = 4.0 * pairs * (n_head * hd) as f64;
+        for tc in [true, false] {
+            be.set_tensor_cores(tc);
+            let us = time_us(&be, 5, || {
+                be.attention(&q, &k, &k, &mut pool, 0, &seqs, &cfg, &mut out)
+                    .unwrap()
+            });
+            println!(
+                "PERF attention_prefill_{}_rows{rows}_past{past} {us:.1} us {:.1} TFLOP/s",
+                if tc { "tiles" } else { "split_kv" },
+                flops / us / 1e6
+            );
+        }
+        be.set_tensor_cores(true);
+    }
+}

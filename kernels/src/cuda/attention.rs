@@ -6,9 +6,12 @@
 //! launch stores every row's k/v, a second computes partial attention for
 //! every (row, head, split of the positions), a third merges the splits
 //! (split-KV, so that a decode batch of a few rows still fills the GPU).
+//! With production numerics on an f16 pool, the rows of sequences that
+//! prefill several positions go instead to the f16 tensor-core kernel of
+//! `kernels/cuda/attention_prefill.cu`, in tiles of consecutive rows.
 
 use super::{CudaBackend, CudaKvPool, CudaTensor};
-use crate::backend::{AttentionConfig, BackendError, KvDtype, KvSeq};
+use crate::backend::{AttentionConfig, BackendError, KvDtype, KvSeq, Numerics};
 
 /// Largest head dimension the kernel holds in registers.
 const MAX_HEAD_DIM: usize = 512;
@@ -73,6 +76,7 @@ pub fn attention(
     let table_len = ctx_bucket.div_ceil(bs);
     let mut info = vec![-1i32; 4 * q.rows];
     let mut tables: Vec<u32> = Vec::new();
+    let mut toffs = Vec::with_capacity(seqs.len());
     for s in seqs {
         if s.row + s.n_rows > q.rows {
             return Err(BackendError::Shape {
@@ -102,6 +106,7 @@ pub fn attention(
             });
         }
         let toff = tables.len() as i32;
+        toffs.push(toff);
         tables.extend_from_slice(&s.blocks[..end.div_ceil(bs)]);
         tables.resize(toff as usize + table_len, 0);
         for i in 0..s.n_rows {
@@ -124,6 +129,26 @@ pub fn attention(
     if q.rows == 0 {
         return Ok(());
     }
+    // Prefill rows (sequences with several rows in the batch) go to the
+    // tensor-core kernel in tiles of consecutive rows; the split-KV kernel
+    // takes the rest (its copy of `info` marks the tiled rows as rows of
+    // no sequence, whose output it zeroes before the tiles are written).
+    let prefill = if be.numerics == Numerics::Production
+        && pool.dtype == KvDtype::F16
+        && (hd == 64 || hd == 128)
+        && be.tensor_cores()
+    {
+        prefill_tiles(seqs, &toffs)
+    } else {
+        Vec::new()
+    };
+    let mut split_info = info.clone();
+    for t in prefill.chunks(4) {
+        for r in t[0]..t[0] + t[1] {
+            split_info[4 * r as usize] = -1;
+        }
+    }
+    let tiled_rows: usize = prefill.chunks(4).map(|t| t[1] as usize).sum();
     // Every layer of a forward pass has the same tables: uploaded once.
     let (ip, tp) = (be.upload_cached(&info)?, be.upload_cached(&tables)?);
     let elem = pool.dtype.bytes();
@@ -131,9 +156,92 @@ pub fn attention(
     let layer_off = (layer * 2 * bs * kv_dim) as u64;
     let (qp, kp, vp, pp, op) = (q.ptr, k.ptr, v.ptr, be.ptr(&pool.buf), out.ptr);
     let (kv_dim_i, bs_i) = (kv_dim as i32, bs as i32);
-    let (store, elem_name) = match pool.dtype {
-        KvDtype::F16 => ("kv_store_f16", "f16"),
-        KvDtype::F32 => ("kv_store_f32", "f32"),
+    let (nh, nkv) = (cfg.n_head as i32, cfg.n_head_kv as i32);
+    let store = match pool.dtype {
+        KvDtype::F16 => "kv_store_f16",
+        KvDtype::F32 => "kv_store_f32",
+    };
+    launch!(be, store, (q.rows as u32, 1, 1), 128;
+        &kp, &vp, &pp, &ip, &kv_dim_i, &bs_i, &block_elems, &layer_off)?;
+    if tiled_rows < q.rows {
+        let sp = if prefill.is_empty() {
+            ip
+        } else {
+            be.upload_cached(&split_info)?
+        };
+        split_kv(
+            be,
+            q,
+            pool,
+            cfg,
+            ctx_bucket,
+            tp,
+            sp,
+            block_elems,
+            layer_off,
+            out,
+        )?;
+    }
+    if prefill.is_empty() {
+        return Ok(());
+    }
+    let tiles = be.upload_cached(&prefill)?;
+    let name = if hd == 64 {
+        "attn_prefill_d64"
+    } else {
+        "attn_prefill_d128"
+    };
+    let grid = ((prefill.len() / 4) as u32, cfg.n_head as u32, 1);
+    launch!(be, name, grid, 128;
+        &qp, &pp, &tp, &tiles, &nh, &nkv, &bs_i, &block_elems, &layer_off, &cfg.scale, &op)
+}
+
+/// Rows per tile of the prefill kernel (`FA_ROWS` in attention_prefill.cu).
+const PREFILL_TILE_ROWS: usize = 64;
+
+/// `{first row, rows, first position, table offset}` per tile of at most
+/// [`PREFILL_TILE_ROWS`] consecutive rows of the sequences that have more
+/// than one row in the batch.
+fn prefill_tiles(seqs: &[KvSeq<'_>], toffs: &[i32]) -> Vec<i32> {
+    let mut tiles = Vec::new();
+    for (s, &toff) in seqs.iter().zip(toffs) {
+        if s.n_rows < 2 {
+            continue;
+        }
+        for start in (0..s.n_rows).step_by(PREFILL_TILE_ROWS) {
+            let n = PREFILL_TILE_ROWS.min(s.n_rows - start);
+            tiles.extend_from_slice(&[
+                (s.row + start) as i32,
+                n as i32,
+                (s.pos + start) as i32,
+                toff,
+            ]);
+        }
+    }
+    tiles
+}
+
+/// The split-KV kernel (and its merge) over every row of `info` (rows of
+/// no sequence get zeros).
+#[allow(clippy::too_many_arguments)]
+fn split_kv(
+    be: &CudaBackend,
+    q: &CudaTensor,
+    pool: &CudaKvPool,
+    cfg: &AttentionConfig,
+    ctx_bucket: usize,
+    tp: u64,
+    ip: u64,
+    block_elems: u64,
+    layer_off: u64,
+    out: &mut CudaTensor,
+) -> Result<(), BackendError> {
+    let hd = cfg.head_dim;
+    let (qp, pp, op) = (q.ptr, be.ptr(&pool.buf), out.ptr);
+    let bs_i = pool.cfg.block_size as i32;
+    let elem_name = match pool.dtype {
+        KvDtype::F16 => "f16",
+        KvDtype::F32 => "f32",
     };
     // Registers per lane for a head: kernels for 64, 128 and 512 dims.
     let maxd = match hd.div_ceil(32) {
@@ -142,8 +250,6 @@ pub fn attention(
         _ => 16,
     };
     let part = format!("attn_part_{elem_name}_d{maxd}");
-    launch!(be, store, (q.rows as u32, 1, 1), 128;
-        &kp, &vp, &pp, &ip, &kv_dim_i, &bs_i, &block_elems, &layer_off)?;
     // Split the positions so that short batches still fill the GPU.
     let (n_split, chunk) = split(q.rows * cfg.n_head, ctx_bucket);
     let parts = q.rows * cfg.n_head * n_split;

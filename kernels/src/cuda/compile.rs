@@ -193,6 +193,13 @@ pub const SOURCES: &[KernelSource] = &[
             "attn_merge",
         ],
     },
+    KernelSource {
+        name: "attention_prefill",
+        src: include_str!("../../cuda/attention_prefill.cu"),
+        quant: false,
+        big_smem: false,
+        kernels: &["attn_prefill_d64", "attn_prefill_d128"],
+    },
 ];
 
 /// Whether libnvrtc can be loaded; `Err` says what was looked for.
