@@ -161,7 +161,7 @@ __device__ __forceinline__ void mm_q(const u8* W, u64 row_bytes, const i8* aq, c
                 }
                 if (ok && sub == 0) {
                     u64 ai = (u64)tok * nab + b;
-                    acc[t] += T::combine(blk, isum, summs, ad[ai], T::ACT == 1 ? as[ai] : 0.0f);
+                    acc[t] += combine<T>(blk, isum, summs, ad[ai], T::ACT == 1 ? as[ai] : 0.0f);
                 }
             }
         }
@@ -231,7 +231,7 @@ __device__ __forceinline__ void mv_q(const u8* W, u64 row_bytes, const i8* aq, c
                 summs += __shfl_xor_sync(FULL_MASK, summs, o);
             }
             if (ok && sub == 0)
-                acc += T::combine(blk, isum, summs, ad[b], T::ACT == 1 ? as[b] : 0.0f);
+                acc += combine<T>(blk, isum, summs, ad[b], T::ACT == 1 ? as[b] : 0.0f);
         }
     }
     mv_store<TPR>(acc, s_part, live, g, row, out, bias);
@@ -287,7 +287,7 @@ __device__ __forceinline__ void mv_q4k16(const u8* W, u64 row_bytes, const i8* a
                 isum += __shfl_xor_sync(FULL_MASK, isum, o);
                 summs += __shfl_xor_sync(FULL_MASK, summs, o);
             }
-            if (ok && e % 8 == 0) acc += TQ4_K::combine(blk, isum, summs, ad[b], 0.0f);
+            if (ok && e % 8 == 0) acc += combine<TQ4_K>(blk, isum, summs, ad[b], 0.0f);
         }
     }
     mv_store<TPR>(acc, s_part, live, g, row, out, bias);
@@ -453,7 +453,7 @@ __device__ __forceinline__ void mm_mma(const u8* W, u64 row_bytes, const i8* aq,
                 if (last) {
                     if (tok < n_tok) {
                         u64 ai = (u64)tok * nab + b;
-                        acc[tt][k] += T::combine(wr[ri] + (u64)b * T::BYTES, bi[tt][k], bm[tt][k], ad[ai],
+                        acc[tt][k] += combine<T>(wr[ri] + (u64)b * T::BYTES, bi[tt][k], bm[tt][k], ad[ai],
                                                  T::ACT == 1 ? as[ai] : 0.0f);
                     }
                     bi[tt][k] = 0;

@@ -8,27 +8,30 @@
 // of its WR * WC warps a 32 x 32 tile (2 x 4 mma tiles of 16 x 8). The
 // reduction runs over K-tiles of 256 values (one K-quant super-block, or
 // eight legacy blocks; the last tile of a legacy row may be shorter):
-//   1. cp.async copies the next K-tile's raw weight bytes (each row's
-//      range widened to 16-byte units), activation quants and activation
-//      scales into the other half of a double buffer, so that the copy
-//      runs while this tile is computed;
-//   2. the block unpacks this tile's raw weights once into an int8 tile
-//      and integer scales (T::word, T::scales);
+//   1. cp.async copies K-tile kt + 1's activation quants and scales into
+//      the other half of a double buffer while kt is unpacked and
+//      multiplied, and its raw weight bytes (each row's range widened to
+//      16-byte units) into the one raw buffer once kt has been unpacked;
+//   2. the block unpacks K-tile kt's raw weights once into an int8 tile,
+//      integer chunk scales and each block's scale word (T::word,
+//      T::scales, T::hdr);
 //   3. each warp runs its mma tiles over the tile's 32-value chunks from
 //      shared memory, keeps exact integer sums per weight block (legacy
 //      formats: in the mma accumulators; K-quants: scaled per chunk) and
-//      applies T::combine (reading the block's d from the raw copy) when
-//      a block ends.
+//      applies T::combine_h when a block ends.
+// One raw buffer (not two) keeps a block under half of an H100/H200 SM's
+// shared memory, so that two blocks share an SM.
 //
 // Dynamic shared memory (Layout below; tiled_smem_bytes in matmul.rs
 // computes the same total), 16-byte aligned sections:
-//   2 stages x { raw weights BM x RS | activation quants BN x 272 |
-//                ad | Q8_1 sums | Q8_K 16-value sums, per token }
-//   int8 weight tile BM x 272 | K-quants: scales BM x 9 i32 |
-//   Q4_K / Q5_K: min scales BM x 16 i8, activation sums split BN x 2 x 16 i8
+//   raw weights BM x RS | 2 stages x BN tokens x { quants 272 | 8 ad |
+//   Q8_1: 8 sums | Q4_K, Q5_K: 16 16-value sums } | int8 weight tile
+//   BM x 272 | scale words BM x blocks | K-quants: chunk scales BM x 9 |
+//   Q4_K, Q5_K: min scales BM x 16 i8, activation sums split BN x 2 x 16 i8
 // where RS = 16 * floor((TB + 30) / 16) covers TB = 8 * BYTES / NSUB raw
-// bytes at any offset in a 16-byte unit. Rows are padded (272 = 256 + 16
-// bytes, 9 words) so that the fragment reads hit 32 different banks.
+// bytes at any offset in a 16-byte unit. Row strides are chosen so that
+// the fragment reads of a warp hit 32 different banks (int8 tile: 272
+// bytes = 68 words; tokens: 304, 336 or 368 bytes).
 //
 // K-quant min terms (summs = sum over 16-value halves of min scale x
 // activation sum) also run on the tensor cores, exactly: each activation
@@ -89,18 +92,22 @@ struct Layout {
     static constexpr int RS = 16 * ((TB + 30) / 16);
     static constexpr bool KQ = T::ACT == 2;            // K-quant: 8 chunks per block
     static constexpr bool MINS = KQ && !Halves<T>::v;  // Q4_K, Q5_K: a min term
-    static constexpr int AD_N = KQ ? 4 : 8;            // ad floats per token (K: 1 used)
+    static constexpr int AD_N = 8;                     // ad floats per token (K: 1 used)
     static constexpr int AS_N = T::ACT == 1 ? 8 : 0;   // Q8_1 sums per token
-    static constexpr int BS_N = KQ ? 16 : 0;           // Q8_K 16-value sums per token
-    // One stage.
+    static constexpr int BS_N = MINS ? 16 : 0;         // Q8_K 16-value sums per token
+    static constexpr int NB = 8 / T::NSUB;             // weight blocks per K-tile
+    static constexpr int RAW = 0;                      // raw weight rows (one buffer)
+    // Two activation stages.
     static constexpr int ACT = BM * RS;
-    static constexpr int AD = ACT + BN * TS;
-    static constexpr int AS = AD + BN * 4 * AD_N;
-    static constexpr int BS = AS + BN * 4 * AS_N;
-    static constexpr int STAGE = BS + BN * 4 * BS_N;
-    // After both stages.
-    static constexpr int Q = 2 * STAGE;                // int8 weight tile
-    static constexpr int SC = Q + BM * TS;             // K: s0 | s1 << 16 per (row, chunk)
+    static constexpr int AD = TS;                      // offsets inside a stage, per BN
+    static constexpr int AS = AD + 4 * AD_N;
+    static constexpr int BS = AS + 4 * AS_N;
+    static constexpr int ACT_TOK = BS + 4 * BS_N;      // bytes per token
+    static constexpr int STAGE = BN * ACT_TOK;
+    // Unpacked.
+    static constexpr int Q = ACT + 2 * STAGE;          // int8 weight tile
+    static constexpr int HDR = Q + BM * TS;            // T::hdr per (row, block)
+    static constexpr int SC = HDR + 16 * ((BM * NB * 4 + 15) / 16);  // K: s0 | s1 << 16 per (row, chunk)
     static constexpr int MIN = SC + (KQ ? BM * 4 * SS : 0);    // min scales, 16 int8 per row
     static constexpr int BH = MIN + (MINS ? BM * 16 : 0);      // activation sums >> 6
     static constexpr int BL = BH + (MINS ? BN * 16 : 0);       // activation sums & 63
@@ -112,50 +119,57 @@ __device__ __forceinline__ int raw_off(const u8* W, u64 rb, int row, int kt, int
     return (int)((u64)(W + (u64)row * rb + (u64)kt * tb) & 15);
 }
 
-// Starts the copy of K-tile kt into stage `st`.
+// Starts the copy of K-tile kt's raw weight rows (16-byte units covering
+// each row's bytes) into `raw`.
 template <class T, int BM, int BN, int NTH>
-__device__ __forceinline__ void mmt_stage(const u8* W, u64 rb, const i8* aq, const float* ad,
-                                          const float* as, const int* bs, int n_out, int n_in,
-                                          int n_tok, int row0, int tok0, int kt, u8* st) {
+__device__ __forceinline__ void mmt_raw(const u8* W, u64 rb, int n_out, int n_in, int row0, int kt,
+                                        u8* raw) {
     typedef Layout<T, BM, BN> L;
-    int nch = n_in / 32;
-    int nc = min(8, nch - 8 * kt);                 // chunks in this K-tile
+    int nc = min(8, n_in / 32 - 8 * kt);           // chunks in this K-tile
     int bytes = nc * T::BYTES / T::NSUB;           // K-quants: nc == NSUB
     for (int u = threadIdx.x; u < BM * (L::RS / 16); u += NTH) {
         int r = u / (L::RS / 16), k = u % (L::RS / 16);
         int row = min(row0 + r, n_out - 1);
         const u8* src = W + (u64)row * rb + (u64)kt * L::TB;
         const u8* a0 = (const u8*)((u64)src & ~(u64)15);
-        if (a0 + 16 * k < src + bytes) cp_async16(st + r * L::RS + 16 * k, a0 + 16 * k);
+        if (a0 + 16 * k < src + bytes) cp_async16(raw + r * L::RS + 16 * k, a0 + 16 * k);
     }
+}
+
+// Starts the copy of K-tile kt's activation quants and scales into stage
+// `st` (token t at t * ACT_TOK).
+template <class T, int BM, int BN, int NTH>
+__device__ __forceinline__ void mmt_act(const i8* aq, const float* ad, const float* as, const int* bs,
+                                        int n_in, int n_tok, int tok0, int kt, u8* st) {
+    typedef Layout<T, BM, BN> L;
+    int nc = min(8, n_in / 32 - 8 * kt);
     for (int u = threadIdx.x; u < BN * 16; u += NTH) {
         int t = u / 16, k = u % 16;
         if (k < 2 * nc) {  // the 16-byte units of the tile's nc chunks
             int tok = min(tok0 + t, n_tok - 1);
-            cp_async16(st + L::ACT + t * TS + 16 * k, aq + (u64)tok * n_in + (u64)kt * KT + 16 * k);
+            cp_async16(st + t * L::ACT_TOK + 16 * k, aq + (u64)tok * n_in + (u64)kt * KT + 16 * k);
         }
     }
     int nab = n_in / 32;
-    float* sad = (float*)(st + L::AD);
     if (L::KQ) {
-        int* sbs = (int*)(st + L::BS);
         for (int u = threadIdx.x; u < BN * 5; u += NTH) {
             int t = u / 5, k = u % 5;
             int tok = min(tok0 + t, n_tok - 1);
-            if (k < 4)
-                cp_async16(sbs + t * 16 + 4 * k, bs + (u64)tok * (n_in / 16) + (u64)kt * 16 + 4 * k);
-            else
-                cp_async4(sad + t * L::AD_N, ad + (u64)tok * nab + kt);
+            u8* d = st + t * L::ACT_TOK;
+            if (k < 4 && L::MINS)
+                cp_async16(d + L::BS + 16 * k, bs + (u64)tok * (n_in / 16) + (u64)kt * 16 + 4 * k);
+            else if (k == 4)
+                cp_async4(d + L::AD, ad + (u64)tok * nab + kt);
         }
     } else {
-        float* sas = (float*)(st + L::AS);
         for (int u = threadIdx.x; u < BN * 8; u += NTH) {
             int t = u / 8, j = u % 8;
             if (j < nc) {
                 int tok = min(tok0 + t, n_tok - 1);
                 u64 ai = (u64)tok * nab + 8 * kt + j;
-                cp_async4(sad + t * 8 + j, ad + ai);
-                if (T::ACT == 1) cp_async4(sas + t * 8 + j, as + ai);
+                u8* d = st + t * L::ACT_TOK;
+                cp_async4(d + L::AD + 4 * j, ad + ai);
+                if (T::ACT == 1) cp_async4(d + L::AS + 4 * j, as + ai);
             }
         }
     }
@@ -171,7 +185,9 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
     u32 dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < L::END) __trap();  // the host's size disagrees with this layout
+    u8* raw = smem + L::RAW;
     u8* sq = smem + L::Q;
+    u32* shdr = (u32*)(smem + L::HDR);
     int* ssc = (int*)(smem + L::SC);
     u8* smin = smem + L::MIN;
     i8* sbh = (i8*)(smem + L::BH);
@@ -194,29 +210,30 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
 #pragma unroll
             for (int k = 0; k < 4; k++) { acc[a][b][k] = 0.0f; bi[a][b][k] = 0; }
 
-    mmt_stage<T, BM, BN, NTH>(W, rb, aq, ad, as, bs, n_out, n_in, n_tok, row0, tok0, 0, smem);
+    // Pipeline: the raw weights of K-tile kt + 1 are copied while kt is
+    // multiplied (the raw buffer is free once kt is unpacked); activations
+    // are double-buffered and copied one K-tile ahead.
+    mmt_act<T, BM, BN, NTH>(aq, ad, as, bs, n_in, n_tok, tok0, 0, smem + L::ACT);
+    mmt_raw<T, BM, BN, NTH>(W, rb, n_out, n_in, row0, 0, raw);
     cp_async_commit();
     for (int kt = 0; kt < nkt; kt++) {
-        const u8* st = smem + (kt & 1) * L::STAGE;
+        const u8* st = smem + L::ACT + (kt & 1) * L::STAGE;
         if (kt + 1 < nkt) {
-            mmt_stage<T, BM, BN, NTH>(W, rb, aq, ad, as, bs, n_out, n_in, n_tok, row0, tok0, kt + 1,
-                                      smem + ((kt + 1) & 1) * L::STAGE);
+            mmt_act<T, BM, BN, NTH>(aq, ad, as, bs, n_in, n_tok, tok0, kt + 1,
+                                    smem + L::ACT + ((kt + 1) & 1) * L::STAGE);
             cp_async_commit();
-            cp_async_wait<1>();
+            cp_async_wait<1>();  // all but this copy: K-tile kt's raw and activations
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const u8* act = st + L::ACT;
-        const float* sad = (const float*)(st + L::AD);
-        const float* sas = (const float*)(st + L::AS);
         int nc = min(8, nch - 8 * kt);
         // Unpack: thread u takes chunk u % 8 of row u / 8.
         for (int u = threadIdx.x; u < BM * 8; u += NTH) {
             int r = u / 8, j = u % 8;
             if (j >= nc) continue;
             int row = min(row0 + r, n_out - 1);
-            const u8* blk = st + r * L::RS + raw_off(W, rb, row, kt, L::TB) + (j / T::NSUB) * T::BYTES;
+            const u8* blk = raw + r * L::RS + raw_off(W, rb, row, kt, L::TB) + (j / T::NSUB) * T::BYTES;
             int q[8], s0, s1, m;
             load_chunk<T>(blk, j % T::NSUB, q, s0, s1, m);
             int4* dst = (int4*)(sq + r * TS + 32 * j);
@@ -229,6 +246,7 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
                 v.w = q[4 * h + 3];
                 dst[h] = v;
             }
+            if (j % T::NSUB == 0) shdr[r * L::NB + j / T::NSUB] = T::hdr(blk);
             if (L::KQ) {
                 ssc[r * SS + j] = (s0 & 0xffff) | (s1 << 16);
                 if (L::MINS) ((u16*)(smin + r * 16))[j] = (u16)(m | (m << 8));  // one per 16 values
@@ -237,22 +255,17 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
         if (L::MINS) {
             // The 16-value activation sums as 64 * h + l, both int8, for
             // the min term's two mma.
-            const int* sbs = (const int*)(st + L::BS);
             for (int u = threadIdx.x; u < BN * 16; u += NTH) {
-                int v = sbs[u];
+                int v = ((const int*)(st + (u / 16) * L::ACT_TOK + L::BS))[u % 16];
                 sbh[u] = (i8)(v >> 6);
                 sbl[u] = (i8)(v & 63);
             }
         }
         __syncthreads();
-        int offs[2][2];  // raw offsets of this lane's four rows
-#pragma unroll
-        for (int rt = 0; rt < 2; rt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int r = 32 * wr + 16 * rt + 8 * h + g;
-                offs[rt][h] = r * L::RS + raw_off(W, rb, min(row0 + r, n_out - 1), kt, L::TB);
-            }
+        if (kt + 1 < nkt) {
+            mmt_raw<T, BM, BN, NTH>(W, rb, n_out, n_in, row0, kt + 1, raw);
+            cp_async_commit();
+        }
         for (int j = 0; j < nc; j++) {
             int a[2][4], s0[2][2], s1[2][2];
 #pragma unroll
@@ -274,7 +287,7 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
             }
 #pragma unroll
             for (int tt = 0; tt < 4; tt++) {
-                const u8* bp = act + (32 * wc + 8 * tt + g) * TS + 32 * j + 4 * t;
+                const u8* bp = st + (32 * wc + 8 * tt + g) * L::ACT_TOK + 32 * j + 4 * t;
                 int b0 = *(const int*)bp, b1 = *(const int*)(bp + 16);
 #pragma unroll
                 for (int rt = 0; rt < 2; rt++) {
@@ -298,11 +311,14 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
             if (j % T::NSUB != T::NSUB - 1) continue;
             // A weight block ends: its min term (K-quants) and the float
             // combine of every (row, token).
+            int b = j / T::NSUB, ai = L::KQ ? 0 : j;
 #pragma unroll
             for (int rt = 0; rt < 2; rt++) {
+                int r = 32 * wr + 16 * rt + g;
+                u32 hd[2] = {shdr[r * L::NB + b], shdr[(r + 8) * L::NB + b]};
                 int am[2] = {0, 0};
                 if (L::MINS) {
-                    const u8* p = smin + (32 * wr + 16 * rt + g) * 16 + 4 * t;
+                    const u8* p = smin + r * 16 + 4 * t;
                     am[0] = *(const int*)p;
                     am[1] = *(const int*)(p + 8 * 16);
                 }
@@ -319,11 +335,10 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
                     }
 #pragma unroll
                     for (int k = 0; k < 4; k++) {
-                        int tl = 32 * wc + 8 * tt + 2 * t + (k & 1);
-                        const u8* blk = st + offs[rt][k >> 1] + (j / T::NSUB) * T::BYTES;
-                        int ai = L::KQ ? 0 : j;
-                        acc[rt][tt][k] += T::combine(blk, bi[rt][tt][k], summs[k], sad[tl * L::AD_N + ai],
-                                                     T::ACT == 1 ? sas[tl * 8 + ai] : 0.0f);
+                        const u8* tk = st + (32 * wc + 8 * tt + 2 * t + (k & 1)) * L::ACT_TOK;
+                        float adv = ((const float*)(tk + L::AD))[ai];
+                        float asv = T::ACT == 1 ? ((const float*)(tk + L::AS))[ai] : 0.0f;
+                        acc[rt][tt][k] += T::combine_h(hd[k >> 1], bi[rt][tt][k], summs[k], adv, asv);
                         bi[rt][tt][k] = 0;
                     }
                 }
@@ -350,7 +365,7 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
         float* out, int n_out, int n_in, int n_tok) {                                             \
         mm_tiled<T, 4, 1>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok);                        \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(256) mmt2_##name(                                 \
+    extern "C" __global__ void __launch_bounds__(256, 2) mmt2_##name(                              \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,       \
         float* out, int n_out, int n_in, int n_tok) {                                             \
         mm_tiled<T, 4, 2>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok);                        \

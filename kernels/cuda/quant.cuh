@@ -18,10 +18,13 @@
 //   scales(block, sub, s0, s1, m)
 //                            the integer scales of the chunk's two
 //                            16-value halves, and its integer min scale;
-//   combine(block, isum, summs, ad, as)
+//   hdr(block)               the block's f16 scale(s) combine_h reads,
+//                            as one word (low half first);
+//   combine_h(hdr, isum, summs, ad, as)
 //                            the block's float contribution from the
 //                            integer sums of all its chunks (the CPU's
-//                            formula, same operation order).
+//                            formula, same operation order); combine<T>
+//                            reads the word from the block.
 // ACT names the activation format: 0 = Q8_0, 1 = Q8_1, 2 = Q8_K.
 
 // 4 bytes at a 2-byte (ld32_2) or 4-byte (ld32_4) aligned address.
@@ -38,6 +41,9 @@ __device__ __forceinline__ u32 ld32_2w(const u8* p) {
     return __funnelshift_r(a[0], a[1], ((u32)(u64)p & 3) * 8);
 }
 
+// The low and high f16 of a word.
+__device__ __forceinline__ float lo_h(u32 h) { return h2f((u16)(h & 0xffff)); }
+__device__ __forceinline__ float hi_h(u32 h) { return h2f((u16)(h >> 16)); }
 
 struct TF32 {
     static constexpr int NSUB = 1, BYTES = 128, ACT = -1;
@@ -73,8 +79,9 @@ struct TQ4_0 {
             y[j + 16] = __fmul_rn((float)((q >> 4) - 8), d);
         }
     }
-    static __device__ __forceinline__ float combine(const u8* b, int isum, int, float ad, float) {
-        return (float)isum * (ld_h(b) * ad);
+    static __device__ __forceinline__ u32 hdr(const u8* b) { return ld32_2(b); }
+    static __device__ __forceinline__ float combine_h(u32 h, int isum, int, float ad, float) {
+        return (float)isum * (lo_h(h) * ad);
     }
 };
 
@@ -94,8 +101,9 @@ struct TQ4_1 {
             y[j + 16] = __fadd_rn(__fmul_rn((float)(q >> 4), d), mn);
         }
     }
-    static __device__ __forceinline__ float combine(const u8* b, int isum, int, float ad, float as) {
-        return __fadd_rn(__fmul_rn(ld_h(b) * ad, (float)isum), __fmul_rn(ld_h(b + 2), as));
+    static __device__ __forceinline__ u32 hdr(const u8* b) { return ld32_2(b); }
+    static __device__ __forceinline__ float combine_h(u32 h, int isum, int, float ad, float as) {
+        return __fadd_rn(__fmul_rn(lo_h(h) * ad, (float)isum), __fmul_rn(hi_h(h), as));
     }
 };
 
@@ -127,8 +135,9 @@ struct TQ5_0 {
 #pragma unroll
         for (int j = 0; j < 32; j++) y[j] = __fmul_rn((float)v[j], d);
     }
-    static __device__ __forceinline__ float combine(const u8* b, int isum, int, float ad, float) {
-        return (ld_h(b) * ad) * (float)isum;
+    static __device__ __forceinline__ u32 hdr(const u8* b) { return ld32_2(b); }
+    static __device__ __forceinline__ float combine_h(u32 h, int isum, int, float ad, float) {
+        return (lo_h(h) * ad) * (float)isum;
     }
 };
 
@@ -141,8 +150,9 @@ struct TQ8_0 {
 #pragma unroll
         for (int j = 0; j < 32; j++) y[j] = __fmul_rn((float)(i8)b[2 + j], d);
     }
-    static __device__ __forceinline__ float combine(const u8* b, int isum, int, float ad, float) {
-        return (float)isum * (ld_h(b) * ad);
+    static __device__ __forceinline__ u32 hdr(const u8* b) { return ld32_2(b); }
+    static __device__ __forceinline__ float combine_h(u32 h, int isum, int, float ad, float) {
+        return (float)isum * (lo_h(h) * ad);
     }
 };
 
@@ -182,8 +192,9 @@ struct TQ4_K {
 #pragma unroll
         for (int i = 0; i < 32; i++) y[i] = __fsub_rn(__fmul_rn(d1, (float)v[i]), m1);
     }
-    static __device__ __forceinline__ float combine(const u8* b, int isum, int summs, float ad, float) {
-        return __fsub_rn(__fmul_rn(ld_h(b) * ad, (float)isum), __fmul_rn(ld_h(b + 2) * ad, (float)summs));
+    static __device__ __forceinline__ u32 hdr(const u8* b) { return ld32_4(b); }
+    static __device__ __forceinline__ float combine_h(u32 h, int isum, int summs, float ad, float) {
+        return __fsub_rn(__fmul_rn(lo_h(h) * ad, (float)isum), __fmul_rn(hi_h(h) * ad, (float)summs));
     }
 };
 
@@ -215,8 +226,9 @@ struct TQ5_K {
 #pragma unroll
         for (int i = 0; i < 32; i++) y[i] = __fsub_rn(__fmul_rn(d1, (float)v[i]), m1);
     }
-    static __device__ __forceinline__ float combine(const u8* b, int isum, int summs, float ad, float) {
-        return TQ4_K::combine(b, isum, summs, ad, 0.0f);
+    static __device__ __forceinline__ u32 hdr(const u8* b) { return ld32_4(b); }
+    static __device__ __forceinline__ float combine_h(u32 h, int isum, int summs, float ad, float) {
+        return TQ4_K::combine_h(h, isum, summs, ad, 0.0f);
     }
 };
 
@@ -253,10 +265,16 @@ struct TQ6_K {
             y[i + 16] = __fmul_rn(dl1, (float)v[i + 16]);
         }
     }
-    static __device__ __forceinline__ float combine(const u8* b, int isum, int, float ad, float) {
-        return ld_h(b + 208) * ad * (float)isum;
+    static __device__ __forceinline__ u32 hdr(const u8* b) { return *(const u16*)(b + 208); }
+    static __device__ __forceinline__ float combine_h(u32 h, int isum, int, float ad, float) {
+        return lo_h(h) * ad * (float)isum;
     }
 };
+
+template <class T>
+__device__ __forceinline__ float combine(const u8* b, int isum, int summs, float ad, float as) {
+    return T::combine_h(T::hdr(b), isum, summs, ad, as);
+}
 
 // All 8 words and the scales of one chunk.
 template <class T>

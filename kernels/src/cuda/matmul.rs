@@ -25,26 +25,29 @@ const TILED_ROW_WARPS: usize = 4;
 const TILED_ROWS: usize = 32 * TILED_ROW_WARPS;
 
 /// Dynamic shared memory of `mmt<wc>_<type>` (`Layout` in
-/// matmul_tiled.cu): two stages of raw weight rows, activation quants and
-/// scales, then the unpacked int8 tile, its scales and the min-term
-/// operands.
+/// matmul_tiled.cu): raw weight rows, two stages of activation quants and
+/// scales, then the unpacked int8 tile, block scale words, chunk scales
+/// and the min-term operands.
 fn tiled_smem_bytes(ty: GgmlType, wc: usize) -> usize {
     let tile_bytes = ty.row_bytes(256).expect("quantized types fill 256 values");
     let raw_stride = 16 * ((tile_bytes + 30) / 16);
     let (rows, toks) = (TILED_ROWS, 32 * wc);
     let k_quant = ty.vec_dot_type() == GgmlType::Q8_K;
     let mins = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
-    // ad, Q8_1 sums, Q8_K 16-value sums per token (floats / ints).
-    let act_scales = if k_quant { 4 + 16 } else { 8 }
+    // Per token: quants, 8 ad, 8 Q8_1 sums, 16 Q8_K 16-value sums.
+    let act_tok = 272
+        + 32
         + if ty.vec_dot_type() == GgmlType::Q8_1 {
-            8
+            32
         } else {
             0
-        };
-    let stage = rows * raw_stride + toks * (272 + 4 * act_scales);
+        }
+        + if mins { 64 } else { 0 };
+    let blocks = if k_quant { 1 } else { 8 };
+    let headers = (rows * blocks * 4).next_multiple_of(16);
     let scales = if k_quant { rows * 4 * 9 } else { 0 };
     let min_terms = if mins { rows * 16 + toks * 32 } else { 0 };
-    2 * stage + rows * 272 + scales + min_terms
+    rows * raw_stride + 2 * toks * act_tok + rows * 272 + headers + scales + min_terms
 }
 
 pub fn matmul(
