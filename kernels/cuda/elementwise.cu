@@ -7,7 +7,7 @@
 // squares in f64 like the CPU. With y: x += y first (add_assign's rounding),
 // each thread adding the values it then reads back.
 __device__ __forceinline__ void rms_norm_row(float* x, const float* y, const float* w, float* out, int cols,
-                                             float eps) {
+                                             float eps, int fmt, i8* aq, float* ad, float* as, int* bs) {
     __shared__ double part[32];
     float* xr = x + (u64)blockIdx.x * cols;
     float* o = out + (u64)blockIdx.x * cols;
@@ -36,23 +36,50 @@ __device__ __forceinline__ void rms_norm_row(float* x, const float* y, const flo
     __syncthreads();
     float scale = (float)(1.0 / sqrt(part[0] / (double)cols + (double)eps));
     for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+    if (fmt < 0) return;
+    // The output quantized for the next matmul (quant_warp256), a warp per
+    // 256 values, read back after the block's writes.
+    __syncthreads();
+    int nw = blockDim.x / 32;
+    for (int c = 256 * warp; c < cols; c += 256 * nw) {
+        float v[8];
+        bool valid = load_warp256(o + c, cols - c, v);
+        quant_warp256(v, valid, fmt, (u64)blockIdx.x * cols + c, cols, aq, ad, as, bs);
+    }
 }
 
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int cols, float eps) {
-    rms_norm_row((float*)x, nullptr, w, out, cols, eps);
+// fmt -1: no quantization; 0, 1, 2: also quantize the output to Q8_0,
+// Q8_1 or Q8_K into aq, ad, as, bs (set only by CudaBackend's fusion of a
+// matmul's activation quantization into the kernel that produced it).
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int cols, float eps, int fmt,
+                                    i8* aq, float* ad, float* as, int* bs) {
+    rms_norm_row((float*)x, nullptr, w, out, cols, eps, fmt, aq, ad, as, bs);
 }
 
 extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int cols,
-                                        float eps) {
-    rms_norm_row(x, y, w, out, cols, eps);
+                                        float eps, int fmt, i8* aq, float* ad, float* as, int* bs) {
+    rms_norm_row(x, y, w, out, cols, eps, fmt, aq, ad, as, bs);
 }
 
-extern "C" __global__ void swiglu(const float* g, const float* u, float* out, u64 n) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float x = g[i];
-        out[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u[i]);
+// A warp per 256 values (8 per lane) of n; with fmt >= 0 (see rms_norm)
+// also quantized, n and cols multiples of 32.
+extern "C" __global__ void swiglu(const float* g, const float* u, float* out, u64 n, u64 cols, int fmt,
+                                  i8* aq, float* ad, float* as, int* bs) {
+    u64 flat = ((u64)blockIdx.x * 8 + threadIdx.x / 32) * 256;
+    if (flat >= n) return;  // whole warp out
+    int lane = threadIdx.x % 32;
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        u64 i = flat + 8 * lane + j;
+        v[j] = 0.0f;
+        if (i < n) {
+            float x = g[i];
+            v[j] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u[i]);
+            out[i] = v[j];
+        }
     }
+    if (fmt >= 0) quant_warp256(v, flat + 8 * lane < n, fmt, flat, (int)cols, aq, ad, as, bs);
 }
 
 extern "C" __global__ void add_assign(float* x, const float* y, u64 n) {

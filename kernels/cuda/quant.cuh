@@ -283,3 +283,91 @@ __device__ __forceinline__ void load_chunk(const u8* b, int sub, int* q, int& s0
     for (int i = 0; i < 8; i++) q[i] = T::word(b, sub, i);
     T::scales(b, sub, s0, s1, m);
 }
+
+// ---- activation quantization ---------------------------------------------
+//
+// One warp quantizes 256 consecutive values of a row-major [rows, cols]
+// activation starting at flat index `flat` (a multiple of 256): lane l
+// holds values 8l .. 8l + 7 in v; lanes whose values lie past the end
+// (valid false, whole 32-value blocks) write nothing. Bit-identical to
+// kernels/src/quant/activation.rs. Outputs (matmul.cu's layout):
+//   fmt 0 (Q8_0), 1 (Q8_1): per 32 values, d = amax / 127 rounded to f16
+//     in ad[flat / 32 ..], q = round(v / d), Q8_1 also the f16-rounded
+//     sum * d in as[];
+//   fmt 2 (Q8_K, cols % 256 == 0): per 256 values the first value of
+//     largest magnitude m, q = min(127, rint(-127 / m * v)), d = 1 /
+//     (-127 / m) at ad[row * (cols / 32) + k], 16-value sums in bs.
+__device__ __forceinline__ void quant_warp256(const float* v, bool valid, int fmt, u64 flat, int cols,
+                                              i8* aq, float* ad, float* as, int* bs) {
+    int lane = threadIdx.x % WARP;
+    int q[8];
+    if (fmt == 2) {
+        float a = -1.0f, vb = 0.0f;
+        int idx = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (fabsf(v[j]) > a) { a = fabsf(v[j]); vb = v[j]; idx = 8 * lane + j; }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float a2 = __shfl_xor_sync(FULL_MASK, a, o), v2 = __shfl_xor_sync(FULL_MASK, vb, o);
+            int i2 = __shfl_xor_sync(FULL_MASK, idx, o);
+            if (a2 > a || (a2 == a && i2 < idx)) { a = a2; vb = v2; idx = i2; }
+        }
+        float iscale = a == 0.0f ? 0.0f : -127.0f / vb;
+        int sum = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            q[j] = a == 0.0f ? 0 : min(127, (int)rintf(iscale * v[j]));
+            sum += q[j];
+        }
+        sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+        if ((lane & 1) == 0) bs[flat / 16 + lane / 2] = sum;
+        if (lane == 0) {
+            u64 row = flat / cols, k = (flat % cols) / 256;
+            ad[row * (cols / 32) + k] = a == 0.0f ? 0.0f : 1.0f / iscale;
+        }
+    } else {
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[j]));
+        amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 2));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            q[j] = (int)roundf(v[j] * id);
+            sum += q[j];
+        }
+        sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+        sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+        if (valid && (lane & 3) == 0) {
+            u64 blk = (flat + 8 * lane) / 32;
+            ad[blk] = h2f(f2h(d));
+            if (fmt == 1) as[blk] = h2f(f2h((float)sum * d));
+        }
+    }
+    if (valid) {
+        int2 w;
+        w.x = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (u32)(q[3] & 0xff) << 24;
+        w.y = (q[4] & 0xff) | (q[5] & 0xff) << 8 | (q[6] & 0xff) << 16 | (u32)(q[7] & 0xff) << 24;
+        *(int2*)(aq + flat + 8 * lane) = w;
+    }
+}
+
+// Lane l's 8 values of the 256 at `p` (n values in all from p; lanes past
+// them get zeros and valid = false).
+__device__ __forceinline__ bool load_warp256(const float* p, int n, float* v) {
+    int lane = threadIdx.x % WARP;
+    bool valid = 8 * lane < n;
+    if (valid) {
+        float4 a = *(const float4*)(p + 8 * lane), b = *(const float4*)(p + 8 * lane + 4);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = 0.0f;
+    }
+    return valid;
+}

@@ -508,6 +508,7 @@ fn matmul_all(numerics: Numerics, tensor_cores: bool) {
             (9, 18944, 1),
             (33, 576, 100),
             (96, 2304, 65),
+            (1100, 2048, 1),
         ] {
             if ty.row_bytes(n_in).is_none() {
                 continue; // 576 values are not whole K-quant super-blocks
@@ -700,4 +701,67 @@ fn weight_dropped_before_its_matmul_is_issued() {
         &vec![0u8; bytes.len()],
     );
     assert_eq!(g.to_host(&got), want);
+}
+
+/// A matmul's activation quantization fused into the RMSNorm or SwiGLU
+/// launch that produced its input gives the same bits as its own launch
+/// (forced by issuing the producer before the matmul is recorded).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_activation_quantization_is_bit_identical() {
+    let (g, c) = (gpu(Numerics::Production), CpuBackend::new());
+    let mut rng = Rng::new(41);
+    let n_out = 48;
+    for (ty, cols, rows) in [
+        (GgmlType::Q4_K, 1024, 1),
+        (GgmlType::Q6_K, 3584, 3),
+        (GgmlType::Q4_1, 576, 1),
+        (GgmlType::Q8_0, 576, 5),
+    ] {
+        let w = bind(
+            g,
+            "w",
+            ty,
+            n_out,
+            cols,
+            &weight_bytes(ty, n_out, cols, &mut rng),
+        );
+        let (nw, _) = row_weight(g, &c, "norm", &rng.vec(cols, 1.0));
+        let (x, y) = (rng.vec(rows * cols, 2.0), rng.vec(rows * cols, 1.0));
+        // (producer, issue it before the matmul) -> matmul output.
+        let run = |producer: usize, issue_first: bool| {
+            let mut xt = g.tensor_from(rows, cols, &x);
+            let yt = g.tensor_from(rows, cols, &y);
+            let mut h = g.tensor(rows, cols);
+            match producer {
+                0 => g.rms_norm(&xt, &nw, 1e-6, &mut h),
+                1 => g.add_rms_norm(&mut xt, &yt, &nw, 1e-6, &mut h),
+                _ => g.swiglu(&xt, &yt, &mut h),
+            }
+            if issue_first {
+                g.synchronize().unwrap();
+            }
+            let before = g.fused_quantizations();
+            let mut o = g.tensor(rows, n_out);
+            g.matmul(&w, &h, &mut o).unwrap();
+            let fused = g.fused_quantizations() - before;
+            (g.to_host(&o), fused)
+        };
+        for producer in 0..3 {
+            let (fused, n_fused) = run(producer, false);
+            let (separate, n_separate) = run(producer, true);
+            assert_eq!(
+                (n_fused, n_separate),
+                (1, 0),
+                "{} producer {producer}",
+                ty.name()
+            );
+            assert!(
+                fused == separate,
+                "{} {cols} x {rows} producer {producer}: fused quantization changed the result",
+                ty.name()
+            );
+        }
+    }
+    println!("PARITY fused_activation_quantization max_abs=0 rel=0 tol=0");
 }

@@ -208,3 +208,24 @@ fn perf_attention_prefill() {
         be.set_tensor_cores(true);
     }
 }
+
+/// Decode matvecs at the synthetic 7B's shapes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn perf_matvec_7b_shapes() {
+    let be = CudaBackend::new(0, Numerics::Production).unwrap();
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for (n_out, n_in) in [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)] {
+            let w = weight(&be, ty, n_out, n_in);
+            let bytes = (ty.row_bytes(n_in).unwrap() * n_out) as f64;
+            let x = be.tensor_from(1, n_in, &vec![0.5; n_in]);
+            let mut out = be.tensor(1, n_out);
+            let us = time_us(&be, 50, || be.matmul(&w, &x, &mut out).unwrap());
+            println!(
+                "PERF matvec_{}_{n_out}x{n_in} {us:.2} us {:.0} GB/s",
+                ty.name(),
+                bytes / us / 1e3
+            );
+        }
+    }
+}

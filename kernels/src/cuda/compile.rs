@@ -58,7 +58,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "elementwise",
         src: include_str!("../../cuda/elementwise.cu"),
-        quant: false,
+        quant: true,
         big_smem: false,
         kernels: &[
             "rms_norm",
@@ -118,6 +118,8 @@ pub const SOURCES: &[KernelSource] = &[
             "mv32_q4_k16",
             "mv64_q4_k16",
             "mv128_q4_k16",
+            "mvr2_q4_k16",
+            "mvr2_q6_k",
             "mmq8_q4_k",
             "mv32_q5_k",
             "mv64_q5_k",

@@ -37,7 +37,10 @@ pub fn add_rms_norm(
     }
     let (xp, yp, op) = (x.ptr, y.ptr, out.ptr);
     let cols = x.cols as i32;
-    launch!(be, "add_rms_norm", (x.rows as u32, 1, 1), norm_threads(x.cols); &xp, &yp, &wp, &op, &cols, &eps)
+    // No quantization (fmt -1) unless a matmul fuses it in.
+    let (fmt, null) = (-1i32, 0u64);
+    launch!(be, "add_rms_norm", (x.rows as u32, 1, 1), norm_threads(x.cols);
+        &xp, &yp, &wp, &op, &cols, &eps, &fmt, &null, &null, &null, &null)
 }
 
 pub fn rms_norm(
@@ -55,7 +58,9 @@ pub fn rms_norm(
     }
     let (xp, op) = (x.ptr, out.ptr);
     let cols = x.cols as i32;
-    launch!(be, "rms_norm", (x.rows as u32, 1, 1), norm_threads(x.cols); &xp, &wp, &op, &cols, &eps)
+    let (fmt, null) = (-1i32, 0u64);
+    launch!(be, "rms_norm", (x.rows as u32, 1, 1), norm_threads(x.cols);
+        &xp, &wp, &op, &cols, &eps, &fmt, &null, &null, &null, &null)
 }
 
 pub fn swiglu(
@@ -71,8 +76,11 @@ pub fn swiglu(
         return Ok(());
     }
     let (gp, upp, op) = (gate.ptr, up.ptr, out.ptr);
-    let n64 = n as u64;
-    launch!(be, "swiglu", (blocks(n, 256), 1, 1), 256; &gp, &upp, &op, &n64)
+    let (n64, cols) = (n as u64, out.cols as u64);
+    let (fmt, null) = (-1i32, 0u64);
+    // A warp per 256 values (8 per lane), 8 warps per block.
+    launch!(be, "swiglu", (blocks(n, 2048), 1, 1), 256;
+        &gp, &upp, &op, &n64, &cols, &fmt, &null, &null, &null, &null)
 }
 
 pub fn add_assign(

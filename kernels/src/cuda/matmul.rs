@@ -173,21 +173,32 @@ fn act_sizes(act: GgmlType, n: usize) -> [usize; 4] {
     ]
 }
 
+/// The kernels' code for an activation format (`fmt` of quant_warp256).
+fn act_code(act: GgmlType) -> i32 {
+    match act {
+        GgmlType::Q8_0 => 0,
+        GgmlType::Q8_1 => 1,
+        GgmlType::Q8_K => 2,
+        other => unreachable!("quantized weights dot with q8 activations, not {other}"),
+    }
+}
+
+/// Quantizes `x` into `a`: inside the kernel that just produced `x` where
+/// it can (see [`CudaBackend::fuse_quantization`]), else by its own launch.
 fn quantize(be: &CudaBackend, act: GgmlType, x: &CudaTensor, a: &Act) -> Result<(), BackendError> {
     let n = x.rows * x.cols;
-    let (xp, n_in_i) = (x.ptr, x.cols as i32);
-    match act {
-        GgmlType::Q8_0 | GgmlType::Q8_1 => {
-            let n_i = n as i32;
-            let with_sum = i32::from(act == GgmlType::Q8_1);
-            launch!(be, "act_q8_0", (n.div_ceil(256) as u32, 1, 1), 256;
-                &xp, &a.aq, &a.ad, &a.asum, &n_i, &with_sum)
-        }
-        GgmlType::Q8_K => {
-            launch!(be, "act_q8_k", ((n / 256) as u32, 1, 1), 256;
-                &xp, &a.aq, &a.ad, &a.bs, &n_in_i)
-        }
-        other => unreachable!("quantized weights dot with q8 activations, not {other}"),
+    let fmt = act_code(act);
+    if be.fuse_quantization(x, fmt, [a.aq, a.ad, a.asum, a.bs]) {
+        return Ok(());
+    }
+    let (xp, n_i, n_in_i) = (x.ptr, n as i32, x.cols as i32);
+    // One warp per 256 values, 8 warps per block.
+    let grid = (n.div_ceil(256 * 8) as u32, 1, 1);
+    if fmt == 2 {
+        launch!(be, "act_q8_k", grid, 256; &xp, &a.aq, &a.ad, &a.bs, &n_i, &n_in_i)
+    } else {
+        let with_sum = i32::from(fmt == 1);
+        launch!(be, "act_q8_0", grid, 256; &xp, &a.aq, &a.ad, &a.asum, &n_i, &with_sum)
     }
 }
 
@@ -219,8 +230,16 @@ fn launch_quantized(
         } else {
             suffix
         };
-        let name = format!("mv{tpr}_{suffix}");
-        let grid = (n_out.div_ceil(128 / tpr) as u32, 1, 1);
+        // Large Q4_K and Q6_K matrices: a warp per two rows, loads in
+        // flight before use (mv_q4k_w, mv_q6k_w in matmul.cu).
+        let (name, grid) = if matches!(suffix, "q4_k16" | "q6_k") && n_out >= 1024 {
+            (format!("mvr2_{suffix}"), (n_out.div_ceil(8) as u32, 1, 1))
+        } else {
+            (
+                format!("mv{tpr}_{suffix}"),
+                (n_out.div_ceil(128 / tpr) as u32, 1, 1),
+            )
+        };
         let bp = bias.map_or(0u64, |b| be.dense_ptr(b));
         launch!(be, name.as_str(), grid, 128;
             &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &op, &n_out_i, &n_in_i, &bp)?;

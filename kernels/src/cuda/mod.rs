@@ -289,6 +289,77 @@ impl CudaBackend {
             .store(on && self.arch >= 80, Ordering::Relaxed);
     }
 
+    /// Fuses the quantization of activation `x` (format code `fmt`, into
+    /// the buffers `q` = aq, ad, as, bs of matmul.cu) into the kernel that
+    /// produced `x`, when that is the last command recorded but for
+    /// memsets of tensors made since: an RMSNorm (plain or with the
+    /// residual add) or SwiGLU launch writing exactly `x`, not fused yet.
+    /// The producer is recorded again with its quantization outputs set
+    /// (quant_warp256: the same bits as the separate kernel), then the
+    /// memsets (fresh tensors: the producer touches none of them). Returns
+    /// whether it did.
+    fn fuse_quantization(&self, x: &CudaTensor, fmt: i32, q: [u64; 4]) -> bool {
+        use queue::{Cmd, KernelArg};
+        // (kernel, argument index of its output, of its format code).
+        const PRODUCERS: [(&str, usize, usize); 3] =
+            [("rms_norm", 2, 5), ("add_rms_norm", 3, 6), ("swiglu", 2, 5)];
+        if fmt == 2 && !x.cols.is_multiple_of(256) {
+            return false;
+        }
+        let mut st = self.lock();
+        let mut back = 0;
+        while let Some(Cmd::Memset { .. }) = st.recent(back) {
+            back += 1;
+        }
+        let Some(Cmd::Launch {
+            func, grid, args, ..
+        }) = st.recent(back)
+        else {
+            return false;
+        };
+        let Some(&(name, out_i, fmt_i)) = PRODUCERS
+            .iter()
+            .find(|p| self.func(p.0).cu_function() as usize == *func)
+        else {
+            return false;
+        };
+        let shape_ok = if name == "swiglu" {
+            args[3] == (x.rows * x.cols) as u64 && args[4] == x.cols as u64
+        } else {
+            grid.0 as usize == x.rows && args[fmt_i - 2] == x.cols as u64
+        };
+        if args[out_i] != x.ptr || args[fmt_i] != (-1i32).slot() || !shape_ok {
+            return false;
+        }
+        let memsets: Vec<Cmd> = (0..back).filter_map(|_| st.pop_last()).collect();
+        let Some(Cmd::Launch {
+            func,
+            grid,
+            block,
+            smem,
+            n_args,
+            mut args,
+        }) = st.pop_last()
+        else {
+            unreachable!("the producer is a launch");
+        };
+        args[fmt_i] = fmt.slot();
+        args[fmt_i + 1..fmt_i + 5].copy_from_slice(&q);
+        st.push(Cmd::Launch {
+            func,
+            grid,
+            block,
+            smem,
+            n_args,
+            args,
+        });
+        for m in memsets.into_iter().rev() {
+            st.push(m);
+        }
+        st.fused_quantizations += 1;
+        true
+    }
+
     pub fn tensor_cores(&self) -> bool {
         self.tensor_cores.load(Ordering::Relaxed)
     }
@@ -322,6 +393,12 @@ impl CudaBackend {
     /// How recorded passes were issued so far.
     pub fn graph_stats(&self) -> GraphStats {
         self.lock().stats
+    }
+
+    /// How many matmul activation quantizations ran inside the norm or
+    /// SwiGLU kernel that produced the activation.
+    pub fn fused_quantizations(&self) -> u64 {
+        self.lock().fused_quantizations
     }
 
     /// The backend's state. Code under the lock that calls the driver

@@ -120,6 +120,9 @@ pub struct State {
     cmds: Vec<Cmd>,
     /// Hash of `cmds`, kept up to date as they are recorded.
     hash: u64,
+    /// `hash` before each command of `cmds` was recorded (see
+    /// [`State::pop_last`]).
+    hash_before: Vec<u64>,
     /// Tensors and uploads; reset when no tensor is alive.
     pub tensors: Region,
     /// Scratch of one op; reset at the start of every op.
@@ -134,6 +137,9 @@ pub struct State {
     pub graphs_on: bool,
     tick: u64,
     pub stats: GraphStats,
+    /// Activation quantizations fused into the kernel that produced the
+    /// activation (see `CudaBackend::fuse_quantization`).
+    pub fused_quantizations: u64,
     /// Set when kernels are timed one by one (see [`super::profile`]).
     pub profile: Option<super::profile::Profile>,
     /// Buffers dropped while recorded commands may still use them: freed
@@ -146,6 +152,7 @@ impl State {
         State {
             cmds: Vec::new(),
             hash: 0,
+            hash_before: Vec::new(),
             tensors: Region::new("tensor arena", 16 << 20),
             scratch: Region::new("op scratch", 4 << 20),
             staging: Staging::default(),
@@ -155,6 +162,7 @@ impl State {
             graphs_on,
             tick: 0,
             stats: GraphStats::default(),
+            fused_quantizations: 0,
             profile: None,
             graveyard: Vec::new(),
         }
@@ -185,8 +193,22 @@ impl State {
         });
     }
 
+    /// The recorded command `back` places before the last one (0: the
+    /// last), not issued yet.
+    pub fn recent(&self, back: usize) -> Option<&Cmd> {
+        self.cmds.iter().rev().nth(back)
+    }
+
+    /// Takes back the last recorded command (to record it again changed).
+    pub fn pop_last(&mut self) -> Option<Cmd> {
+        let c = self.cmds.pop()?;
+        self.hash = self.hash_before.pop().expect("one hash per command");
+        Some(c)
+    }
+
     /// Records a command.
     pub fn push(&mut self, c: Cmd) {
+        self.hash_before.push(self.hash);
         let mut h = Fx(self.hash);
         match &c {
             Cmd::Launch {
@@ -278,6 +300,7 @@ impl State {
             .map_err(|e| dev_err("binding the CUDA context", e))?;
         let r = self.issue_pending(stream);
         self.cmds.clear();
+        self.hash_before.clear();
         self.hash = 0;
         // Frees are stream-ordered: after the commands just issued.
         self.graveyard.clear();
