@@ -119,7 +119,6 @@ pub const SOURCES: &[KernelSource] = &[
             "mv64_q4_k16",
             "mv128_q4_k16",
             "mvr2_q4_k16",
-            "mvr2_q6_k",
             "mmq8_q4_k",
             "mv32_q5_k",
             "mv64_q5_k",

@@ -230,9 +230,9 @@ fn launch_quantized(
         } else {
             suffix
         };
-        // Large Q4_K and Q6_K matrices: a warp per two rows, loads in
-        // flight before use (mv_q4k_w, mv_q6k_w in matmul.cu).
-        let (name, grid) = if matches!(suffix, "q4_k16" | "q6_k") && n_out >= 1024 {
+        // Large Q4_K matrices: a warp per two rows, loads in flight
+        // before use (mv_q4k_w in matmul.cu).
+        let (name, grid) = if suffix == "q4_k16" && n_out >= 1024 {
             (format!("mvr2_{suffix}"), (n_out.div_ceil(8) as u32, 1, 1))
         } else {
             (
