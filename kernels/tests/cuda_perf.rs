@@ -214,7 +214,12 @@ fn perf_attention_prefill() {
 #[ignore = "needs a CUDA GPU"]
 fn perf_matvec_7b_shapes() {
     let be = CudaBackend::new(0, Numerics::Production).unwrap();
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+    ] {
         for (n_out, n_in) in [(3584, 3584), (512, 3584), (18944, 3584), (3584, 18944)] {
             let w = weight(&be, ty, n_out, n_in);
             let bytes = (ty.row_bytes(n_in).unwrap() * n_out) as f64;
