@@ -192,6 +192,23 @@ __device__ __forceinline__ void mv_q(const u8* W, u64 row_bytes, const i8* aq, c
     mv_store<TPR>(acc, s_part, live, g, row, out, bias);
 }
 
+// The two integer dots of a Q4_K unit: 16 bytes of quants w (low nibbles:
+// 16 values of chunk 2k, high nibbles: the same 16 of chunk 2k + 1) with
+// the matching 16 activation quants of each chunk.
+__device__ __forceinline__ void q4k16_dots(uint4 w, int4 a0, int4 a1, int& d0, int& d1) {
+    const u32 M = 0x0f0f0f0fu;
+    d0 = 0;
+    d1 = 0;
+    d0 = __dp4a((int)(w.x & M), a0.x, d0);
+    d0 = __dp4a((int)(w.y & M), a0.y, d0);
+    d0 = __dp4a((int)(w.z & M), a0.z, d0);
+    d0 = __dp4a((int)(w.w & M), a0.w, d0);
+    d1 = __dp4a((int)((w.x >> 4) & M), a1.x, d1);
+    d1 = __dp4a((int)((w.y >> 4) & M), a1.y, d1);
+    d1 = __dp4a((int)((w.z >> 4) & M), a1.z, d1);
+    d1 = __dp4a((int)((w.w >> 4) & M), a1.w, d1);
+}
+
 // Q4_K, one token, weights 16-byte aligned: the unit of a thread is half
 // of a pair of chunks (16 bytes of quants: values 16h .. 16h + 15 of
 // chunks 2k (low nibbles) and 2k + 1 (high nibbles)), read with one
@@ -224,16 +241,8 @@ __device__ __forceinline__ void mv_q4k16(const u8* W, u64 row_bytes, const i8* a
                 int sc0, mn0, sc1, mn1;
                 k4_scale_min(blk + 4, 2 * k, sc0, mn0);
                 k4_scale_min(blk + 4, 2 * k + 1, sc1, mn1);
-                const u32 M = 0x0f0f0f0fu;
-                int d0 = 0, d1 = 0;
-                d0 = __dp4a((int)(w.x & M), a0.x, d0);
-                d0 = __dp4a((int)(w.y & M), a0.y, d0);
-                d0 = __dp4a((int)(w.z & M), a0.z, d0);
-                d0 = __dp4a((int)(w.w & M), a0.w, d0);
-                d1 = __dp4a((int)((w.x >> 4) & M), a1.x, d1);
-                d1 = __dp4a((int)((w.y >> 4) & M), a1.y, d1);
-                d1 = __dp4a((int)((w.z >> 4) & M), a1.z, d1);
-                d1 = __dp4a((int)((w.w >> 4) & M), a1.w, d1);
+                int d0, d1;
+                q4k16_dots(w, a0, a1, d0, d1);
                 isum = sc0 * d0 + sc1 * d1;
                 summs = mn0 * bs[2 * c0 + h] + mn1 * bs[2 * (c0 + 1) + h];
             }
@@ -318,17 +327,8 @@ __device__ __forceinline__ void mv_q4k_w(const u8* W, u64 row_bytes, const i8* a
                     k4_scale_min(blk + 4, 2 * k, sc0, mn0);
                     k4_scale_min(blk + 4, 2 * k + 1, sc1, mn1);
                 }
-                const u32 M = 0x0f0f0f0fu;
-                uint4 x = w[r][u];
-                int d0 = 0, d1 = 0;
-                d0 = __dp4a((int)(x.x & M), a0.x, d0);
-                d0 = __dp4a((int)(x.y & M), a0.y, d0);
-                d0 = __dp4a((int)(x.z & M), a0.z, d0);
-                d0 = __dp4a((int)(x.w & M), a0.w, d0);
-                d1 = __dp4a((int)((x.x >> 4) & M), a1.x, d1);
-                d1 = __dp4a((int)((x.y >> 4) & M), a1.y, d1);
-                d1 = __dp4a((int)((x.z >> 4) & M), a1.z, d1);
-                d1 = __dp4a((int)((x.w >> 4) & M), a1.w, d1);
+                int d0, d1;
+                q4k16_dots(w[r][u], a0, a1, d0, d1);
                 int isum = sc0 * d0 + sc1 * d1;
                 int summs = mn0 * bs0 + mn1 * bs1;
 #pragma unroll

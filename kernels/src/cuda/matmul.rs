@@ -1,13 +1,18 @@
-//! Wrapper of `kernels/cuda/matmul.cu`: `out[t] = W · x[t]`.
+//! Wrapper of `kernels/cuda/matmul.cu` and `kernels/cuda/matmul_tiled.cu`:
+//! `out[t] = W · x[t]`.
 //!
 //! Production numerics: activations quantized on the device to the
 //! weight's `vec_dot_type` (Q8_0, Q8_1, Q8_K; F16 weights: rounded to f16)
-//! exactly as [`crate::quant::quantize_row`] does, then integer block dots.
-//! Exact numerics (and F32 weights): weights dequantized in registers, f32
-//! dots with unrounded activations. Decode (one token) runs 32 to 128
-//! threads per weight row with dp4a; batches of quantized production matmuls run on
-//! int8 tensor cores (sm_80+, 16 rows x 32 tokens per warp), otherwise
-//! on the dp4a kernel with eight tokens sharing each unpacked chunk.
+//! exactly as [`crate::quant::quantize_row`] does (inside the norm or
+//! SwiGLU launch that produced them where the backend can fuse it), then
+//! integer block dots. Exact numerics (and F32 weights): weights
+//! dequantized in registers, f32 dots with unrounded activations. Decode
+//! (one token) runs dp4a matvecs (a warp per two rows for large Q4_K
+//! matrices, else 32 to 128 threads per row); batches of quantized
+//! production matmuls run the shared-memory tiled int8 tensor-core kernel
+//! (sm_80+, where the block's shared memory fits; else the register
+//! tensor-core kernel, 16 rows x 32 tokens per warp), otherwise the dp4a
+//! kernel with eight tokens sharing each unpacked chunk.
 
 use super::{kernel_suffix, CudaBackend, CudaTensor, CudaWeight};
 use crate::backend::{BackendError, Numerics};
@@ -247,10 +252,12 @@ fn launch_quantized(
     }
     if be.tensor_cores() {
         // The tiled kernel where the device gives a block its shared
-        // memory: 128 weight rows x 32 or 64 tokens per block.
-        let wc = if n_tok <= 32 { 1 } else { 2 };
-        let smem = tiled_smem_bytes(w.ggml_type, wc);
-        if smem <= be.smem_optin as usize {
+        // memory: 128 weight rows x 32 or 64 tokens per block (32 where 64
+        // does not fit: GPUs with about 100 KB per block).
+        let preferred = if n_tok <= 32 { 1 } else { 2 };
+        let fits = |wc: usize| tiled_smem_bytes(w.ggml_type, wc) <= be.smem_optin as usize;
+        if let Some(wc) = [preferred, 1].into_iter().find(|&wc| fits(wc)) {
+            let smem = tiled_smem_bytes(w.ggml_type, wc);
             let name = format!("mmt{wc}_{suffix}");
             let grid = (
                 n_out.div_ceil(TILED_ROWS) as u32,
