@@ -3,8 +3,9 @@
 // kernels/src/cuda/matmul.rs.
 //
 // Production numerics (as the CPU reference): activations are first
-// quantized to the weight's vec_dot_type (act_q8_0 / act_q8_1 / act_q8_k
-// below, bit-identical to kernels/src/quant/activation.rs) into a split
+// quantized to the weight's vec_dot_type (act_q8_0 / act_q8_k below, or
+// inside the norm / SwiGLU kernel that produced them: quant_warp256 in
+// quant.cuh, bit-identical to kernels/src/quant/activation.rs) into a split
 // layout: quants aq [n_tok, n_in] i8, block scales ad [n_tok, n_in / 32]
 // f32 (Q8_0/Q8_1: the f16-rounded d per 32; Q8_K: d per 256 in the first
 // n_in / 256 entries), Q8_1 sums as [n_tok, n_in / 32] f32 (f16-rounded),
@@ -14,10 +15,12 @@
 //
 // Exact numerics: weight chunks dequantized in registers, f32 dots.
 //
-// Layout of the work: one warp per weight row and NT tokens (the weight
-// chunk is unpacked once and reused for all NT tokens), 32-value chunks
-// strided over the lanes; grid = (ceil(n_out / 4), ceil(n_tok / NT)),
-// 128 threads.
+// Kernels here: decode matvecs (mv*, one token), the dp4a batch kernel
+// (mmq8: one warp per weight row and 8 tokens, the chunk unpacked once for
+// all of them, 32-value chunks strided over the lanes; grid =
+// (ceil(n_out / 4), ceil(n_tok / 8)), 128 threads), the register-fragment
+// tensor-core kernel (mma, where matmul_tiled.cu's shared memory does not
+// fit) and the exact-numerics float kernels (mmf*).
 
 #define MM_WARPS 4
 
