@@ -87,6 +87,10 @@ pub enum GenerateError {
     EmptyPrompt,
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The forward pass of a batch failed; every sequence in it gets the
+    /// same message.
+    #[error("the forward pass of the batch failed: {0}")]
+    BatchFailed(String),
 }
 
 /// Log-probabilities of one sampled token under the model's distribution

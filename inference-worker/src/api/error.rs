@@ -255,6 +255,7 @@ impl From<GenerateError> for ApiError {
             GenerateError::PromptTooLong { prompt, ctx } => ApiError::ContextLength { prompt, ctx },
             GenerateError::EmptyPrompt => ApiError::bad("the prompt is empty", "messages"),
             GenerateError::Model(m) => ApiError::Internal(m.to_string()),
+            GenerateError::BatchFailed(_) => ApiError::Internal(e.to_string()),
         }
     }
 }

@@ -290,7 +290,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     let _ = l
                         .job
                         .events
-                        .send(Event::Failed(GenerateError::Model(clone_error(&e))));
+                        .send(Event::Failed(GenerateError::BatchFailed(e.to_string())));
                 }
             }
         }
@@ -606,15 +606,6 @@ fn send_step(events: &mpsc::UnboundedSender<Event>, s: &TokenStep<'_>) -> Contro
         ControlFlow::Break(())
     } else {
         ControlFlow::Continue(())
-    }
-}
-
-/// `ModelError` is not `Clone`; a failed batch reports the same message
-/// to every sequence in it.
-fn clone_error(e: &ModelError) -> ModelError {
-    ModelError::WeightBytes {
-        name: "forward pass".into(),
-        problem: e.to_string(),
     }
 }
 
