@@ -143,7 +143,7 @@ __device__ __forceinline__ void mmt_act(const i8* aq, const float* ad, const flo
 template <class T, int WR, int WC>
 __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, const float* ad,
                                          const float* as, const int* bs, float* out, int n_out,
-                                         int n_in, int n_tok) {
+                                         int n_in, int n_tok, int kt_per) {
     constexpr int BM = 32 * WR, BN = 32 * WC, NTH = 32 * WR * WC;
     typedef Layout<T, BM, BN> L;
     extern __shared__ __align__(16) u8 smem[];
@@ -162,7 +162,11 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
     int g = lane >> 2, t = lane & 3;
     int wr = warp % WR, wc = warp / WR;
     int row0 = blockIdx.x * BM, tok0 = blockIdx.y * BN;
-    int nch = n_in / 32, nkt = (nch + 7) / 8;
+    int nch = n_in / 32;
+    // Split-K: block z takes K-tiles kt0 .. kt1 and writes its partial sums
+    // to out + z * n_tok * n_out (mmt_split_sum adds them).
+    int kt0 = blockIdx.z * kt_per, kt1 = min((nch + 7) / 8, kt0 + kt_per);
+    out += (u64)blockIdx.z * n_tok * n_out;
 
     // Per (row tile, token tile, C register): the float sum over finished
     // blocks and the integer sum of the current block.
@@ -178,12 +182,12 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
     // Pipeline: the raw weights of K-tile kt + 1 are copied while kt is
     // multiplied (the raw buffer is free once kt is unpacked); activations
     // are double-buffered and copied one K-tile ahead.
-    mmt_act<T, BM, BN, NTH>(aq, ad, as, bs, n_in, n_tok, tok0, 0, smem + L::ACT);
-    mmt_raw<T, BM, BN, NTH>(W, rb, n_out, n_in, row0, 0, raw);
+    mmt_act<T, BM, BN, NTH>(aq, ad, as, bs, n_in, n_tok, tok0, kt0, smem + L::ACT + (kt0 & 1) * L::STAGE);
+    mmt_raw<T, BM, BN, NTH>(W, rb, n_out, n_in, row0, kt0, raw);
     cp_async_commit();
-    for (int kt = 0; kt < nkt; kt++) {
+    for (int kt = kt0; kt < kt1; kt++) {
         const u8* st = smem + L::ACT + (kt & 1) * L::STAGE;
-        if (kt + 1 < nkt) {
+        if (kt + 1 < kt1) {
             mmt_act<T, BM, BN, NTH>(aq, ad, as, bs, n_in, n_tok, tok0, kt + 1,
                                     smem + L::ACT + ((kt + 1) & 1) * L::STAGE);
             cp_async_commit();
@@ -227,7 +231,7 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
             }
         }
         __syncthreads();
-        if (kt + 1 < nkt) {
+        if (kt + 1 < kt1) {
             mmt_raw<T, BM, BN, NTH>(W, rb, n_out, n_in, row0, kt + 1, raw);
             cp_async_commit();
         }
@@ -323,17 +327,27 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
             }
 }
 
-// mmt<WC>_<type>: WR = 4 (128 weight rows), WC token warps (32 * WC tokens).
+// out[i] = sum over z < splits of part[z * n + i], in order of z.
+extern "C" __global__ void mmt_split_sum(const float* part, float* out, int n, int splits) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = part[i];
+    for (int z = 1; z < splits; z++) v += part[(u64)z * n + i];
+    out[i] = v;
+}
+
+// mmt<WC>_<type>: WR = 4 (128 weight rows), WC token warps (32 * WC
+// tokens), grid.z K-splits of kt_per K-tiles each.
 #define MM_TILED(name, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mmt1_##name(                                 \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,       \
-        float* out, int n_out, int n_in, int n_tok) {                                             \
-        mm_tiled<T, 4, 1>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok);                        \
+        float* out, int n_out, int n_in, int n_tok, int kt_per) {                                 \
+        mm_tiled<T, 4, 1>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok, kt_per);                \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(256, 2) mmt2_##name(                              \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,       \
-        float* out, int n_out, int n_in, int n_tok) {                                             \
-        mm_tiled<T, 4, 2>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok);                        \
+        float* out, int n_out, int n_in, int n_tok, int kt_per) {                                 \
+        mm_tiled<T, 4, 2>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok, kt_per);                \
     }
 
 MM_TILED(q4_0, TQ4_0)

@@ -509,6 +509,8 @@ fn matmul_all(numerics: Numerics, tensor_cores: bool) {
             (33, 576, 100),
             (96, 2304, 65),
             (1100, 2048, 1),
+            (300, 4096, 40),
+            (40, 576, 20),
         ] {
             if ty.row_bytes(n_in).is_none() {
                 continue; // 576 values are not whole K-quant super-blocks

@@ -161,6 +161,7 @@ pub const SOURCES: &[KernelSource] = &[
         quant: true,
         big_smem: true,
         kernels: &[
+            "mmt_split_sum",
             "mmt1_q4_0",
             "mmt2_q4_0",
             "mmt1_q4_1",

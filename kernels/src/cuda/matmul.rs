@@ -29,6 +29,20 @@ const MMA_TOKEN_TILES: usize = 4;
 const TILED_ROW_WARPS: usize = 4;
 const TILED_ROWS: usize = 32 * TILED_ROW_WARPS;
 
+/// `(splits, K-tiles per split)` of a tiled matmul of `blocks` blocks
+/// over `k_tiles` K-tiles: batches of up to 64 tokens whose grid would
+/// leave SMs idle are cut along K (up to 8 ways, aiming at two blocks per
+/// SM), so that more blocks stream the weights at once; larger batches
+/// (prefill) are not split.
+fn k_splits(blocks: usize, k_tiles: usize, n_tok: usize, sms: usize) -> (usize, usize) {
+    if n_tok > 64 || blocks >= sms {
+        return (1, k_tiles);
+    }
+    let want = (2 * sms).div_ceil(blocks).clamp(1, 8).min(k_tiles);
+    let per = k_tiles.div_ceil(want);
+    (k_tiles.div_ceil(per), per)
+}
+
 /// Dynamic shared memory of `mmt<wc>_<type>` (`Layout` in
 /// matmul_tiled.cu): raw weight rows, two stages of activation quants and
 /// scales, then the unpacked int8 tile, block scale words, chunk scales
@@ -259,13 +273,23 @@ fn launch_quantized(
         if let Some(wc) = [preferred, 1].into_iter().find(|&wc| fits(wc)) {
             let smem = tiled_smem_bytes(w.ggml_type, wc);
             let name = format!("mmt{wc}_{suffix}");
-            let grid = (
-                n_out.div_ceil(TILED_ROWS) as u32,
-                n_tok.div_ceil(32 * wc) as u32,
-                1,
-            );
-            launch!(be, name.as_str(), grid, (32 * TILED_ROW_WARPS as u32 * wc as u32, smem as u32);
-                &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &op, &n_out_i, &n_in_i, &n_tok_i)?;
+            let (gx, gy) = (n_out.div_ceil(TILED_ROWS), n_tok.div_ceil(32 * wc));
+            let (splits, kt_per) = k_splits(gx * gy, n_in.div_ceil(256), n_tok, be.sm_count());
+            // Several K-splits write partial sums, added in order after.
+            let dst = if splits > 1 {
+                be.arena_bytes(4 * splits * n_tok * n_out)?
+            } else {
+                op
+            };
+            let kt_per_i = kt_per as i32;
+            launch!(be, name.as_str(), (gx as u32, gy as u32, splits as u32),
+                (32 * TILED_ROW_WARPS as u32 * wc as u32, smem as u32);
+                &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &dst, &n_out_i, &n_in_i, &n_tok_i, &kt_per_i)?;
+            if splits > 1 {
+                let (n_i, splits_i) = ((n_tok * n_out) as i32, splits as i32);
+                launch!(be, "mmt_split_sum", ((n_tok * n_out).div_ceil(256) as u32, 1, 1), 256;
+                    &dst, &op, &n_i, &splits_i)?;
+            }
             return Ok(false);
         }
     }

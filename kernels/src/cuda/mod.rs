@@ -191,6 +191,8 @@ pub struct CudaBackend {
     tensor_cores: AtomicBool,
     /// Dynamic shared memory a block may opt into (bytes).
     smem_optin: u32,
+    /// Streaming multiprocessors.
+    sm_count: usize,
     /// Recorded commands, arenas, staging and graphs.
     state: Arc<Mutex<queue::State>>,
     /// Tensors alive.
@@ -228,6 +230,11 @@ impl CudaBackend {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .map_err(|e| dev_err("querying the shared memory size", e))? as u32;
+        let sm_count =
+            ctx.attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| dev_err("querying the multiprocessor count", e))? as usize;
         let mut stats = CompileStats::default();
         let mut funcs = HashMap::new();
         for src in compile::SOURCES {
@@ -270,6 +277,7 @@ impl CudaBackend {
             stats,
             tensor_cores: AtomicBool::new(arch >= 80),
             smem_optin,
+            sm_count,
             state: Arc::new(Mutex::new(state)),
             live: Arc::new(AtomicUsize::new(0)),
         })
@@ -393,6 +401,11 @@ impl CudaBackend {
     /// How recorded passes were issued so far.
     pub fn graph_stats(&self) -> GraphStats {
         self.lock().stats
+    }
+
+    /// The device's streaming multiprocessors.
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
     }
 
     /// How many matmul activation quantizations ran inside the norm or
@@ -538,6 +551,14 @@ impl CudaBackend {
             ptr,
             _live: Live(self.live.clone()),
         })
+    }
+
+    /// `bytes` of uninitialized tensor-arena memory for the op being
+    /// recorded (an op's inputs are alive, so the arena is not reset before
+    /// its commands are issued).
+    fn arena_bytes(&self, bytes: usize) -> Result<u64, BackendError> {
+        let mut st = self.lock();
+        st.tensors.alloc(&self.stream, bytes)
     }
 
     fn func(&self, name: &str) -> &CudaFunction {
