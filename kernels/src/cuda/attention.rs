@@ -142,12 +142,6 @@ pub fn attention(
     } else {
         Vec::new()
     };
-    let mut split_info = info.clone();
-    for t in prefill.chunks(4) {
-        for r in t[0]..t[0] + t[1] {
-            split_info[4 * r as usize] = -1;
-        }
-    }
     let tiled_rows: usize = prefill.chunks(4).map(|t| t[1] as usize).sum();
     // Every layer of a forward pass has the same tables: uploaded once.
     let (ip, tp) = (be.upload_cached(&info)?, be.upload_cached(&tables)?);
@@ -167,6 +161,12 @@ pub fn attention(
         let sp = if prefill.is_empty() {
             ip
         } else {
+            let mut split_info = info.clone();
+            for t in prefill.chunks(4) {
+                for r in t[0]..t[0] + t[1] {
+                    split_info[4 * r as usize] = -1;
+                }
+            }
             be.upload_cached(&split_info)?
         };
         split_kv(

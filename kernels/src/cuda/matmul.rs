@@ -269,9 +269,11 @@ fn launch_quantized(
         // memory: 128 weight rows x 32 or 64 tokens per block (32 where 64
         // does not fit: GPUs with about 100 KB per block).
         let preferred = if n_tok <= 32 { 1 } else { 2 };
-        let fits = |wc: usize| tiled_smem_bytes(w.ggml_type, wc) <= be.smem_optin as usize;
-        if let Some(wc) = [preferred, 1].into_iter().find(|&wc| fits(wc)) {
-            let smem = tiled_smem_bytes(w.ggml_type, wc);
+        let fitting = [preferred, 1]
+            .into_iter()
+            .map(|wc| (wc, tiled_smem_bytes(w.ggml_type, wc)))
+            .find(|&(_, smem)| smem <= be.smem_optin as usize);
+        if let Some((wc, smem)) = fitting {
             let name = format!("mmt{wc}_{suffix}");
             let (gx, gy) = (n_out.div_ceil(TILED_ROWS), n_tok.div_ceil(32 * wc));
             let (splits, kt_per) = k_splits(gx * gy, n_in.div_ceil(256), n_tok, be.sm_count());

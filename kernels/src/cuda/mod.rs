@@ -340,27 +340,12 @@ impl CudaBackend {
             return false;
         }
         let memsets: Vec<Cmd> = (0..back).filter_map(|_| st.pop_last()).collect();
-        let Some(Cmd::Launch {
-            func,
-            grid,
-            block,
-            smem,
-            n_args,
-            mut args,
-        }) = st.pop_last()
-        else {
-            unreachable!("the producer is a launch");
-        };
-        args[fmt_i] = fmt.slot();
-        args[fmt_i + 1..fmt_i + 5].copy_from_slice(&q);
-        st.push(Cmd::Launch {
-            func,
-            grid,
-            block,
-            smem,
-            n_args,
-            args,
-        });
+        let mut producer = st.pop_last().expect("the producer was just seen");
+        if let Cmd::Launch { args, .. } = &mut producer {
+            args[fmt_i] = fmt.slot();
+            args[fmt_i + 1..fmt_i + 5].copy_from_slice(&q);
+        }
+        st.push(producer);
         for m in memsets.into_iter().rev() {
             st.push(m);
         }
