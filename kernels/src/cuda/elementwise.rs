@@ -35,6 +35,7 @@ pub fn add_rms_norm(
     if x.rows == 0 {
         return Ok(());
     }
+    be.issue_chunk()?;
     let (xp, yp, op) = (x.ptr, y.ptr, out.ptr);
     let cols = x.cols as i32;
     // No quantization (fmt -1) unless a matmul fuses it in.
@@ -56,6 +57,7 @@ pub fn rms_norm(
     if x.rows == 0 {
         return Ok(());
     }
+    be.issue_chunk()?;
     let (xp, op) = (x.ptr, out.ptr);
     let cols = x.cols as i32;
     let (fmt, null) = (-1i32, 0u64);

@@ -67,7 +67,7 @@ use crate::backend::{
 use crate::quant::GgmlType;
 
 pub use compile::CompileStats;
-pub use queue::GraphStats;
+pub use queue::{GraphStats, HostTiming};
 
 /// Row-major `[rows, cols]` f32 activations in device memory: a piece of
 /// the backend's tensor arena, which is reused once no tensor is alive
@@ -197,7 +197,14 @@ pub struct CudaBackend {
     state: Arc<Mutex<queue::State>>,
     /// Tensors alive.
     live: Arc<AtomicUsize>,
+    /// Pending commands past which a norm op issues them first (0: never).
+    chunk: usize,
 }
+
+/// Default of [`CudaBackend`]'s `chunk`: a 7B decode step records about
+/// 300 commands, so about four lists, each issued (as its own graph)
+/// while the host records the next.
+const CHUNK_CMDS: usize = 96;
 
 impl CudaBackend {
     /// Opens device `ordinal` (its primary context, so memory other code
@@ -280,6 +287,10 @@ impl CudaBackend {
             sm_count,
             state: Arc::new(Mutex::new(state)),
             live: Arc::new(AtomicUsize::new(0)),
+            chunk: std::env::var("DS4_CUDA_CHUNK")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(CHUNK_CMDS),
         })
     }
 
@@ -393,6 +404,11 @@ impl CudaBackend {
         self.sm_count
     }
 
+    /// Where the host's time went (recording, issuing, waiting).
+    pub fn host_timing(&self) -> HostTiming {
+        self.lock().timing
+    }
+
     /// How many matmul activation quantizations ran inside the norm or
     /// SwiGLU kernel that produced the activation.
     pub fn fused_quantizations(&self) -> u64 {
@@ -415,10 +431,19 @@ impl CudaBackend {
     fn sync_locked(&self, st: &mut queue::State) -> Result<(), BackendError> {
         self.bind()?;
         st.flush(&self.stream)?;
-        self.stream
-            .synchronize()
-            .map_err(|e| dev_err("synchronize", e))?;
-        st.synced();
+        st.wait(&self.stream)
+    }
+
+    /// Issues the pending commands when there are more than a chunk's worth,
+    /// so that the device runs them while the host records the rest of
+    /// the pass (each chunk is a list of its own, replayed as its own
+    /// graph). Called where an op starts a new stage of the pass (norms),
+    /// so that the quantization fusion still finds its producer.
+    fn issue_chunk(&self) -> Result<(), BackendError> {
+        let mut st = self.lock();
+        if self.chunk > 0 && st.pending() >= self.chunk {
+            st.flush(&self.stream)?;
+        }
         Ok(())
     }
 
@@ -611,14 +636,14 @@ impl CudaBackend {
         let mut st = self.lock();
         self.bind()?;
         st.flush(&self.stream)?;
+        // A copy to pageable memory returns when it is done: it waits.
+        let start = std::time::Instant::now();
         // SAFETY: `src` holds `n` values of T (checked by the caller) and
         // the copy is ordered after the commands that wrote them.
         unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut v, src, self.stream.cu_stream()) }
             .map_err(|e| dev_err("device to host copy", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| dev_err("synchronize", e))?;
-        st.synced();
+        st.timing.waiting_s += start.elapsed().as_secs_f64();
+        st.wait(&self.stream)?;
         Ok(v)
     }
 }
@@ -634,6 +659,9 @@ impl Drop for CudaBackend {
         let st = self.lock();
         if let Some(p) = &st.profile {
             eprintln!("CUDA kernel time (DS4_CUDA_PROFILE):\n{}", p.report());
+        }
+        if std::env::var_os("DS4_CUDA_TIMING").is_some_and(|v| v != "0") {
+            eprintln!("CUDA host time (DS4_CUDA_TIMING): {}", st.timing);
         }
     }
 }

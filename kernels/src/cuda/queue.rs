@@ -11,7 +11,10 @@
 //! captured into a CUDA graph, and from then on the graph is replayed with
 //! one launch. A new batch shape (rows, sequences, context bucket) is a
 //! new list and gets its own graph; the least recently used graphs are
-//! dropped past [`MAX_GRAPHS`].
+//! dropped past [`MAX_GRAPHS`]. A long pass is issued in chunks (at the
+//! norm that starts a stage, once enough commands are pending), so the
+//! device runs one chunk while the host records the next; each chunk is a
+//! list, and a graph, of its own.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -25,8 +28,9 @@ use crate::backend::BackendError;
 
 /// Most kernel arguments of any kernel in `kernels/cuda`.
 pub const MAX_ARGS: usize = 20;
-/// Graphs kept (one per batch shape seen twice).
-const MAX_GRAPHS: usize = 64;
+/// Graphs kept (a few per batch shape seen twice: passes are issued in
+/// chunks, see `CudaBackend::issue_chunk`).
+const MAX_GRAPHS: usize = 512;
 /// Lists shorter than this are issued directly (a graph would not pay).
 const MIN_GRAPH_CMDS: usize = 8;
 
@@ -115,6 +119,34 @@ pub struct GraphStats {
     pub replayed: u64,
 }
 
+/// Where the host's time went since the backend was created: recording
+/// commands (the ops' Rust code, from the first command of a list to its
+/// flush), issuing them, and waiting for the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostTiming {
+    pub lists: u64,
+    pub commands: u64,
+    pub recording_s: f64,
+    pub issuing_s: f64,
+    pub waiting_s: f64,
+}
+
+impl std::fmt::Display for HostTiming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let per = |s: f64| 1e6 * s / self.lists.max(1) as f64;
+        write!(
+            f,
+            "{} command lists ({:.1} commands each): recording {:.1} us, issuing {:.1} us, \
+             waiting for the device {:.1} us per list",
+            self.lists,
+            self.commands as f64 / self.lists.max(1) as f64,
+            per(self.recording_s),
+            per(self.issuing_s),
+            per(self.waiting_s)
+        )
+    }
+}
+
 /// Everything behind the backend's lock.
 pub struct State {
     cmds: Vec<Cmd>,
@@ -137,6 +169,9 @@ pub struct State {
     pub graphs_on: bool,
     tick: u64,
     pub stats: GraphStats,
+    pub timing: HostTiming,
+    /// When the first command of the pending list was recorded.
+    recording_since: Option<std::time::Instant>,
     /// Activation quantizations fused into the kernel that produced the
     /// activation (see `CudaBackend::fuse_quantization`).
     pub fused_quantizations: u64,
@@ -162,6 +197,8 @@ impl State {
             graphs_on,
             tick: 0,
             stats: GraphStats::default(),
+            timing: HostTiming::default(),
+            recording_since: None,
             fused_quantizations: 0,
             profile: None,
             graveyard: Vec::new(),
@@ -193,6 +230,11 @@ impl State {
         });
     }
 
+    /// Commands recorded and not issued yet.
+    pub fn pending(&self) -> usize {
+        self.cmds.len()
+    }
+
     /// The recorded command `back` places before the last one (0: the
     /// last), not issued yet.
     pub fn recent(&self, back: usize) -> Option<&Cmd> {
@@ -208,6 +250,9 @@ impl State {
 
     /// Records a command.
     pub fn push(&mut self, c: Cmd) {
+        if self.cmds.is_empty() && self.recording_since.is_none() {
+            self.recording_since = Some(std::time::Instant::now());
+        }
         self.hash_before.push(self.hash);
         let mut h = Fx(self.hash);
         match &c {
@@ -281,6 +326,17 @@ impl State {
         self.scratch.reset(stream)
     }
 
+    /// Waits for the stream (everything issued) and counts the wait.
+    pub fn wait(&mut self, stream: &CudaStream) -> Result<(), BackendError> {
+        let start = std::time::Instant::now();
+        stream
+            .synchronize()
+            .map_err(|e| dev_err("synchronize", e))?;
+        self.timing.waiting_s += start.elapsed().as_secs_f64();
+        self.synced();
+        Ok(())
+    }
+
     /// The stream has executed everything issued: staging can be reused.
     pub fn synced(&mut self) {
         if self.cmds.is_empty() {
@@ -294,11 +350,18 @@ impl State {
         if self.cmds.is_empty() {
             return Ok(());
         }
+        let start = std::time::Instant::now();
+        if let Some(t) = self.recording_since.take() {
+            self.timing.recording_s += (start - t).as_secs_f64();
+        }
+        self.timing.lists += 1;
+        self.timing.commands += self.cmds.len() as u64;
         stream
             .context()
             .bind_to_thread()
             .map_err(|e| dev_err("binding the CUDA context", e))?;
         let r = self.issue_pending(stream);
+        self.timing.issuing_s += start.elapsed().as_secs_f64();
         self.cmds.clear();
         self.hash_before.clear();
         self.hash = 0;
