@@ -33,11 +33,13 @@ __device__ __forceinline__ void kv_store(const float* k, const float* v, E* pool
 
 extern "C" __global__ void kv_store_f16(const float* k, const float* v, u16* pool, const int* info,
                                         int kv_dim, int bs, u64 block_elems, u64 layer_off) {
+    pdl_wait();
     kv_store<u16>(k, v, pool, info, kv_dim, bs, block_elems, layer_off);
 }
 
 extern "C" __global__ void kv_store_f32(const float* k, const float* v, float* pool, const int* info,
                                         int kv_dim, int bs, u64 block_elems, u64 layer_off) {
+    pdl_wait();
     kv_store<float>(k, v, pool, info, kv_dim, bs, block_elems, layer_off);
 }
 
@@ -195,6 +197,7 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
     name(const float* q, const E* pool, const u32* tables, const int* info, float* part_m,          \
          float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems, \
          u64 layer_off, float scale, int chunk, float* out) {                                      \
+        pdl_wait();                                                                                \
         attn_part<E, MAXD>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd,  \
                            bs, block_elems, layer_off, scale, chunk, out);                          \
     }
@@ -210,6 +213,7 @@ ATTN_PART(attn_part_f32_d16, float, 16)
 // Rows of no sequence get zeros.
 extern "C" __global__ void attn_merge(const float* part_m, const float* part_l, const float* part_acc,
                                       const int* info, float* out, int n_head, int hd, int n_split) {
+    pdl_wait();
     int r = blockIdx.x, h = blockIdx.y;
     float* o = out + ((u64)r * n_head + h) * hd;
     if (info[4 * r] < 0) {

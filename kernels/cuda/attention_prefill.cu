@@ -193,7 +193,8 @@ __device__ __forceinline__ void attn_prefill(const float* q, const u16* pool, co
 #define ATTN_PREFILL(name, HD)                                                                      \
     extern "C" __global__ void __launch_bounds__(128)                                               \
     name(const float* q, const u16* pool, const u32* tables, const int* tiles, int n_head,          \
-         int n_head_kv, int bs, u64 block_elems, u64 layer_off, float scale, float* out) {          \
+         int n_head_kv, int bs, u64 block_elems, u64 layer_off, float scale, float* out) {         \
+        pdl_wait();                                                                                \
         attn_prefill<HD>(q, pool, tables, tiles, n_head, n_head_kv, bs, block_elems, layer_off,     \
                          scale, out);                                                                \
     }

@@ -53,11 +53,13 @@ __device__ __forceinline__ void rms_norm_row(float* x, const float* y, const flo
 // matmul's activation quantization into the kernel that produced it).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int cols, float eps, int fmt,
                                     i8* aq, float* ad, float* as, int* bs) {
+    pdl_wait();
     rms_norm_row((float*)x, nullptr, w, out, cols, eps, fmt, aq, ad, as, bs);
 }
 
 extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int cols,
                                         float eps, int fmt, i8* aq, float* ad, float* as, int* bs) {
+    pdl_wait();
     rms_norm_row(x, y, w, out, cols, eps, fmt, aq, ad, as, bs);
 }
 
@@ -65,6 +67,7 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
 // also quantized, n and cols multiples of 32.
 extern "C" __global__ void swiglu(const float* g, const float* u, float* out, u64 n, u64 cols, int fmt,
                                   i8* aq, float* ad, float* as, int* bs) {
+    pdl_wait();
     u64 flat = ((u64)blockIdx.x * 8 + threadIdx.x / 32) * 256;
     if (flat >= n) return;  // whole warp out
     int lane = threadIdx.x % 32;
@@ -83,12 +86,14 @@ extern "C" __global__ void swiglu(const float* g, const float* u, float* out, u6
 }
 
 extern "C" __global__ void add_assign(float* x, const float* y, u64 n) {
+    pdl_wait();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __fadd_rn(x[i], y[i]);
 }
 
 // x[r][c] += bias[c] over a row-major [n / cols, cols] matrix.
 extern "C" __global__ void add_bias(float* x, const float* bias, u64 n, u64 cols) {
+    pdl_wait();
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __fadd_rn(x[i], bias[i % cols]);
 }
@@ -99,6 +104,7 @@ extern "C" __global__ void add_bias(float* x, const float* bias, u64 n, u64 cols
 // mode 0: normal (pairs 2i, 2i+1); 1: neox (pairs i, i + n_rot/2).
 extern "C" __global__ void rope(float* x, float* y, const u32* pos, int rows, int cols, int cols_y,
                                 int head_dim, int n_rot, float freq_base, float freq_scale, int mode) {
+    pdl_wait();
     int half = n_rot / 2;
     int heads_x = cols / head_dim;
     int heads = heads_x + cols_y / head_dim;
@@ -123,6 +129,7 @@ extern "C" __global__ void rope(float* x, float* y, const u32* pos, int rows, in
 // One block (1024 threads) per row: index of the largest value, the first
 // on ties (NaNs never win).
 extern "C" __global__ void argmax_rows(const float* x, u32* out, int cols) {
+    pdl_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* xr = x + (u64)blockIdx.x * cols;

@@ -17,6 +17,7 @@ __device__ __forceinline__ void embed_impl(const u8* W, u64 row_bytes, const u32
 
 #define EMBED(name, T)                                                                            \
     extern "C" __global__ void embed_##name(const u8* W, u64 rb, const u32* ids, float* out, int cols) { \
+        pdl_wait();                                                                                \
         embed_impl<T>(W, rb, ids, out, cols);                                                     \
     }
 

@@ -29,6 +29,7 @@
 // One warp per 256 values (quant_warp256); n = n_tok * n_in values,
 // n_in % 32 == 0; 256-thread blocks.
 extern "C" __global__ void act_q8_0(const float* x, i8* aq, float* ad, float* as, int n, int with_sum) {
+    pdl_wait();
     u64 flat = ((u64)blockIdx.x * 8 + threadIdx.x / WARP) * 256;
     if (flat >= (u64)n) return;  // whole warp out
     float v[8];
@@ -38,6 +39,7 @@ extern "C" __global__ void act_q8_0(const float* x, i8* aq, float* ad, float* as
 
 // One warp per 256-value super-block; n_in % 256 == 0; 256-thread blocks.
 extern "C" __global__ void act_q8_k(const float* x, i8* aq, float* ad, int* bs, int n, int n_in) {
+    pdl_wait();
     u64 flat = ((u64)blockIdx.x * 8 + threadIdx.x / WARP) * 256;
     if (flat >= (u64)n) return;
     float v[8];
@@ -47,6 +49,7 @@ extern "C" __global__ void act_q8_k(const float* x, i8* aq, float* ad, int* bs, 
 
 // Round to f16 precision (the F16 weight's vec_dot_type).
 extern "C" __global__ void round_f16(const float* x, float* y, int n) {
+    pdl_wait();
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g < n) y[g] = h2f(f2h(x[g]));
 }
@@ -169,6 +172,8 @@ __device__ __forceinline__ void mv_q(const u8* W, u64 row_bytes, const i8* aq, c
     const u8* wr = W + (u64)min(row, n_out - 1) * row_bytes;
     int nch = n_in / 32;
     float acc = 0.0f;
+    if (live) prefetch_l2(wr, row_bytes, (u64)n_out * row_bytes, g, TPR);
+    pdl_wait();
     if (live) {
 #pragma unroll 4
         for (int base = 0; base < nch; base += TPR) {
@@ -228,6 +233,8 @@ __device__ __forceinline__ void mv_q4k16(const u8* W, u64 row_bytes, const i8* a
     const u8* wr = W + (u64)min(row, n_out - 1) * row_bytes;
     int nu = n_in / 32;  // units per row (as many as chunks)
     float acc = 0.0f;
+    if (live) prefetch_l2(wr, row_bytes, (u64)n_out * row_bytes, g, TPR);
+    pdl_wait();
     if (live) {
 #pragma unroll 4
         for (int base = 0; base < nu; base += TPR) {
@@ -293,6 +300,9 @@ __device__ __forceinline__ void mv_q4k_w(const u8* W, u64 row_bytes, const i8* a
     const u8* wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) wr[r] = W + (u64)min(row0 + r, n_out - 1) * row_bytes;
+#pragma unroll
+    for (int r = 0; r < R; r++) prefetch_l2(wr[r], row_bytes, (u64)n_out * row_bytes, lane, WARP);
+    pdl_wait();
     int nu = n_in / 32;
     float acc[R];
 #pragma unroll
@@ -523,37 +533,41 @@ __device__ __forceinline__ void mm_mma(const u8* W, u64 row_bytes, const i8* aq,
 #define MM_Q(name, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mv32_##name(                             \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
-        float* out, int n_out, int n_in, const float* bias) {                                         \
+        float* out, int n_out, int n_in, const float* bias) {                                      \
         mv_q<T, 32>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias);                                 \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mv64_##name(                             \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
-        float* out, int n_out, int n_in, const float* bias) {                                         \
+        float* out, int n_out, int n_in, const float* bias) {                                      \
         mv_q<T, 64>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias);                                 \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mv128_##name(                             \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
-        float* out, int n_out, int n_in, const float* bias) {                                         \
+        float* out, int n_out, int n_in, const float* bias) {                                      \
         mv_q<T, 128>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias);                                 \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mmq8_##name(                             \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
-        float* out, int n_out, int n_in, int n_tok) {                                         \
+        float* out, int n_out, int n_in, int n_tok) {                                              \
+        pdl_wait();                                                                                \
         mm_q<T, 8>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok);                           \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mma_##name(                              \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
-        float* out, int n_out, int n_in, int n_tok) {                                         \
+        float* out, int n_out, int n_in, int n_tok) {                                              \
+        pdl_wait();                                                                                \
         mm_mma<T>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok);                            \
     }
 
 #define MM_F(name, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mmf1_##name(                             \
-        const u8* W, u64 rb, const float* x, float* out, int n_out, int n_in, int n_tok) {    \
+        const u8* W, u64 rb, const float* x, float* out, int n_out, int n_in, int n_tok) {         \
+        pdl_wait();                                                                                \
         mm_f<T, 1>(W, rb, x, out, n_out, n_in, n_tok);                                        \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mmf8_##name(                             \
-        const u8* W, u64 rb, const float* x, float* out, int n_out, int n_in, int n_tok) {    \
+        const u8* W, u64 rb, const float* x, float* out, int n_out, int n_in, int n_tok) {         \
+        pdl_wait();                                                                                \
         mm_f<T, 8>(W, rb, x, out, n_out, n_in, n_tok);                                        \
     }
 

@@ -329,6 +329,7 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
 
 // out[i] = sum over z < splits of part[z * n + i], in order of z.
 extern "C" __global__ void mmt_split_sum(const float* part, float* out, int n, int splits) {
+    pdl_wait();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = part[i];
@@ -341,12 +342,14 @@ extern "C" __global__ void mmt_split_sum(const float* part, float* out, int n, i
 #define MM_TILED(name, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mmt1_##name(                                 \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,       \
-        float* out, int n_out, int n_in, int n_tok, int kt_per) {                                 \
+        float* out, int n_out, int n_in, int n_tok, int kt_per) {                                  \
+        pdl_wait();                                                                                \
         mm_tiled<T, 4, 1>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok, kt_per);                \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(256, 2) mmt2_##name(                              \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,       \
-        float* out, int n_out, int n_in, int n_tok, int kt_per) {                                 \
+        float* out, int n_out, int n_in, int n_tok, int kt_per) {                                  \
+        pdl_wait();                                                                                \
         mm_tiled<T, 4, 2>(W, rb, aq, ad, as, bs, out, n_out, n_in, n_tok, kt_per);                \
     }
 

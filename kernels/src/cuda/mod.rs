@@ -268,6 +268,9 @@ impl CudaBackend {
         // graphs out when debugging; results are the same).
         let graphs = std::env::var_os("DS4_CUDA_GRAPHS").is_none_or(|v| v != "0");
         let mut state = queue::State::new(graphs);
+        // DS4_CUDA_PDL=0 launches each kernel after the previous one
+        // finished (for ruling programmatic launches out; same results).
+        state.pdl = arch >= 90 && std::env::var_os("DS4_CUDA_PDL").is_none_or(|v| v != "0");
         if std::env::var_os("DS4_CUDA_PROFILE").is_some_and(|v| v != "0") {
             let mut p = profile::Profile::default();
             for (&name, f) in &funcs {

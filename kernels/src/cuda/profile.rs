@@ -37,7 +37,7 @@ impl Profile {
         let mut marks = vec![event()?];
         record(&marks[0])?;
         for c in cmds {
-            super::queue::issue(stream, std::slice::from_ref(c))?;
+            super::queue::issue(stream, std::slice::from_ref(c), false)?;
             let e = event()?;
             record(&e)?;
             marks.push(e);

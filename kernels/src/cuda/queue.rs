@@ -167,6 +167,10 @@ pub struct State {
     graphs: HashMap<u64, Vec<Graph>>,
     n_graphs: usize,
     pub graphs_on: bool,
+    /// Kernels launch with programmatic stream serialization (sm_90+; see
+    /// `pdl_wait` in common.cuh): each may start while the one before it
+    /// finishes.
+    pub pdl: bool,
     tick: u64,
     pub stats: GraphStats,
     pub timing: HostTiming,
@@ -195,6 +199,7 @@ impl State {
             graphs: HashMap::new(),
             n_graphs: 0,
             graphs_on,
+            pdl: false,
             tick: 0,
             stats: GraphStats::default(),
             timing: HostTiming::default(),
@@ -377,7 +382,7 @@ impl State {
         }
         if !self.graphs_on || self.cmds.len() < MIN_GRAPH_CMDS {
             self.stats.direct += 1;
-            return issue(stream, &self.cmds);
+            return issue(stream, &self.cmds, self.pdl);
         }
         self.tick += 1;
         let tick = self.tick;
@@ -392,7 +397,7 @@ impl State {
                     .map_err(|e| dev_err("launching a CUDA graph", e));
             }
             if g.seen == 2 {
-                if let Some(graph) = capture(stream, &self.cmds)? {
+                if let Some(graph) = capture(stream, &self.cmds, self.pdl)? {
                     graph
                         .launch()
                         .map_err(|e| dev_err("launching a CUDA graph", e))?;
@@ -402,10 +407,10 @@ impl State {
                 }
             }
             self.stats.direct += 1;
-            return issue(stream, &self.cmds);
+            return issue(stream, &self.cmds, self.pdl);
         }
         self.stats.direct += 1;
-        issue(stream, &self.cmds)?;
+        issue(stream, &self.cmds, self.pdl)?;
         bucket.push(Graph {
             cmds: self.cmds.clone(),
             graph: None,
@@ -490,18 +495,24 @@ impl Fx {
 
 /// Captures `cmds` into an instantiated graph (None when the driver
 /// refuses; the caller then issues directly).
-fn capture(stream: &Arc<CudaStream>, cmds: &[Cmd]) -> Result<Option<CudaGraph>, BackendError> {
+fn capture(
+    stream: &Arc<CudaStream>,
+    cmds: &[Cmd],
+    pdl: bool,
+) -> Result<Option<CudaGraph>, BackendError> {
     use sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as MODE;
     if stream.begin_capture(MODE).is_err() {
         return Ok(None);
     }
-    let issued = issue(stream, cmds);
+    let issued = issue(stream, cmds, pdl);
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     issued?;
     Ok(graph.ok().flatten())
 }
 
-pub fn issue(stream: &CudaStream, cmds: &[Cmd]) -> Result<(), BackendError> {
+/// Issues `cmds` on `stream`; with `pdl`, kernels launch with
+/// programmatic stream serialization (see [`State::pdl`]).
+pub fn issue(stream: &CudaStream, cmds: &[Cmd], pdl: bool) -> Result<(), BackendError> {
     let s = stream.cu_stream();
     for c in cmds {
         // SAFETY: every command was recorded by an op wrapper that checked
@@ -524,14 +535,19 @@ pub fn issue(stream: &CudaStream, cmds: &[Cmd]) -> Result<(), BackendError> {
                     for (p, v) in params.iter_mut().zip(a.iter_mut()) {
                         *p = (v as *mut u64).cast();
                     }
-                    result::launch_kernel(
-                        *func as sys::CUfunction,
-                        *grid,
-                        (*block, 1, 1),
-                        *smem,
-                        s,
-                        &mut params[..*n_args as usize],
-                    )
+                    let f = *func as sys::CUfunction;
+                    if pdl {
+                        launch_pdl(f, *grid, *block, *smem, s, &mut params)
+                    } else {
+                        result::launch_kernel(
+                            f,
+                            *grid,
+                            (*block, 1, 1),
+                            *smem,
+                            s,
+                            &mut params[..*n_args as usize],
+                        )
+                    }
                 }
                 Cmd::Memset { dst, bytes } => result::memset_d8_async(*dst, 0, *bytes, s),
                 Cmd::HtoD { dst, src, bytes } => {
@@ -544,6 +560,43 @@ pub fn issue(stream: &CudaStream, cmds: &[Cmd]) -> Result<(), BackendError> {
         r.map_err(|e| dev_err(&format!("issuing {}", describe(c)), e))?;
     }
     Ok(())
+}
+
+/// `cuLaunchKernelEx` with programmatic stream serialization allowed: the
+/// kernel may launch before the previous kernel in the stream finished
+/// (it waits for it in `pdl_wait`).
+///
+/// # Safety
+///
+/// As for `cuLaunchKernel`: `params` point to the kernel's arguments.
+unsafe fn launch_pdl(
+    f: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), result::DriverError> {
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue {
+            programmaticStreamSerializationAllowed: 1,
+        },
+    };
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()).result()
 }
 
 fn describe(c: &Cmd) -> String {
