@@ -91,11 +91,29 @@ __device__ __forceinline__ float qk_dot(const float* sq, const float* p, int hd)
     return s;
 }
 
+// With fmt >= 0 (0: Q8_0, 1: Q8_1; set only by CudaBackend's fusion of
+// the next matmul's activation quantization), the head output this block
+// wrote at o (hd values, a whole number of 32-value blocks) is also
+// quantized, as quant_warp256 does; flat: its offset in the [rows, cols]
+// output.
+__device__ __forceinline__ void attn_quant(const float* o, int hd, int fmt, u64 flat, int cols, i8* aq,
+                                           float* ad, float* as, int* bs) {
+    if (fmt < 0) return;
+    __syncthreads();  // the block's writes of o
+    int warp = threadIdx.x / WARP;
+    for (int c = 256 * warp; c < hd; c += 256 * (blockDim.x / WARP)) {
+        float v[8];
+        bool valid = load_warp256(o + c, hd - c, v);
+        quant_warp256(v, valid, fmt, flat + c, cols, aq, ad, as, bs);
+    }
+}
+
 template <class E, int MAXD>
 __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u32* tables, const int* info,
                                           float* part_m, float* part_l, float* part_acc, int n_head,
                                           int n_head_kv, int hd, int bs, u64 block_elems, u64 layer_off,
-                                          float scale, int chunk, float* out) {
+                                          float scale, int chunk, float* out, int fmt, i8* aq,
+                                          float* ad, float* as, int* qbs) {
     __shared__ float s_q[32 * MAXD];
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * MAXD];
@@ -107,9 +125,11 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
     // One split (out set): the block's result is final; attn_merge is not
     // launched and rows of no sequence get zeros here.
     float* o = out ? out + ((u64)r * n_head + h) * hd : nullptr;
+    u64 flat = ((u64)r * n_head + h) * hd;
     if (t0 >= t1) {
         if (o) {
             for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = 0.0f;
+            attn_quant(o, hd, fmt, flat, n_head * hd, aq, ad, as, qbs);
         } else if (threadIdx.x == 0) {
             part_m[pi] = -__int_as_float(0x7f800000);
             part_l[pi] = 0.0f;
@@ -183,7 +203,10 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
             pa[d] = v;
         }
     }
-    if (o) return;
+    if (o) {
+        attn_quant(o, hd, fmt, flat, n_head * hd, aq, ad, as, qbs);
+        return;
+    }
     if (threadIdx.x == 0) {
         part_m[pi] = mm;
         part_l[pi] = ll;
@@ -196,10 +219,11 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
     extern "C" __global__ void __launch_bounds__(128)                                               \
     name(const float* q, const E* pool, const u32* tables, const int* info, float* part_m,          \
          float* part_l, float* part_acc, int n_head, int n_head_kv, int hd, int bs, u64 block_elems, \
-         u64 layer_off, float scale, int chunk, float* out) {                                      \
+         u64 layer_off, float scale, int chunk, float* out, int fmt, i8* aq, float* ad, float* as,  \
+         int* qbs) {                                                                                \
         pdl_wait();                                                                                \
         attn_part<E, MAXD>(q, pool, tables, info, part_m, part_l, part_acc, n_head, n_head_kv, hd,  \
-                           bs, block_elems, layer_off, scale, chunk, out);                          \
+                           bs, block_elems, layer_off, scale, chunk, out, fmt, aq, ad, as, qbs);    \
     }
 
 ATTN_PART(attn_part_f16_d2, u16, 2)

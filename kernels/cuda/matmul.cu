@@ -164,10 +164,10 @@ __device__ __forceinline__ void mv_store(float acc, float* s_part, bool live, in
 template <class T, int TPR>
 __device__ __forceinline__ void mv_q(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
                                      const float* as, const int* bs, float* out, int n_out,
-                                     int n_in, const float* bias) {
+                                     int n_in, const float* bias, int bx) {
     __shared__ float s_part[128 / WARP];
     int g = threadIdx.x % TPR;                      // thread within the row
-    int row = blockIdx.x * (128 / TPR) + threadIdx.x / TPR;
+    int row = bx * (128 / TPR) + threadIdx.x / TPR;
     bool live = row < n_out;                        // uniform per warp
     const u8* wr = W + (u64)min(row, n_out - 1) * row_bytes;
     int nch = n_in / 32;
@@ -200,6 +200,27 @@ __device__ __forceinline__ void mv_q(const u8* W, u64 row_bytes, const i8* aq, c
     mv_store<TPR>(acc, s_part, live, g, row, out, bias);
 }
 
+// Decode entry points take up to three matrices of one type and width,
+// applied to the same activation in one launch (q/k/v, gate/up): blocks
+// [0, e0) compute matrix 0, [e0, e1) matrix 1, [e1, grid) matrix 2. A
+// single matrix has e0 = e1 = grid. Matrix i: weights Wi (rows of rb
+// bytes), ni rows into oi, optional bias bi.
+#define MV_PARAMS                                                                                \
+    const u8 *W0, float *o0, int n0, const float *b0, const u8 *W1, float *o1, int n1,          \
+        const float *b1, const u8 *W2, float *o2, int n2, const float *b2, int e0, int e1,      \
+        u64 rb, const i8 *aq, const float *ad, const float *as, const int *bs, int n_in
+#define MV_PICK                                                                                  \
+    int bx = blockIdx.x;                                                                         \
+    const u8* W = W0;                                                                            \
+    float* out = o0;                                                                             \
+    int n_out = n0;                                                                              \
+    const float* bias = b0;                                                                      \
+    if (bx >= e1) {                                                                              \
+        bx -= e1; W = W2; out = o2; n_out = n2; bias = b2;                                       \
+    } else if (bx >= e0) {                                                                       \
+        bx -= e0; W = W1; out = o1; n_out = n1; bias = b1;                                       \
+    }
+
 // The two integer dots of a Q4_K unit: 16 bytes of quants w (low nibbles:
 // 16 values of chunk 2k, high nibbles: the same 16 of chunk 2k + 1) with
 // the matching 16 activation quants of each chunk.
@@ -225,10 +246,10 @@ __device__ __forceinline__ void q4k16_dots(uint4 w, int4 a0, int4 a1, int& d0, i
 template <int TPR>
 __device__ __forceinline__ void mv_q4k16(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
                                          const int* bs, float* out, int n_out, int n_in,
-                                         const float* bias) {
+                                         const float* bias, int bx) {
     __shared__ float s_part[128 / WARP];
     int g = threadIdx.x % TPR;
-    int row = blockIdx.x * (128 / TPR) + threadIdx.x / TPR;
+    int row = bx * (128 / TPR) + threadIdx.x / TPR;
     bool live = row < n_out;
     const u8* wr = W + (u64)min(row, n_out - 1) * row_bytes;
     int nu = n_in / 32;  // units per row (as many as chunks)
@@ -267,22 +288,19 @@ __device__ __forceinline__ void mv_q4k16(const u8* W, u64 row_bytes, const i8* a
     mv_store<TPR>(acc, s_part, live, g, row, out, bias);
 }
 
-extern "C" __global__ void __launch_bounds__(128) mv32_q4_k16(
-    const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,
-    float* out, int n_out, int n_in, const float* bias) {
-    mv_q4k16<32>(W, rb, aq, ad, bs, out, n_out, n_in, bias);
+extern "C" __global__ void __launch_bounds__(128) mv32_q4_k16(MV_PARAMS) {
+    MV_PICK
+    mv_q4k16<32>(W, rb, aq, ad, bs, out, n_out, n_in, bias, bx);
 }
 
-extern "C" __global__ void __launch_bounds__(128) mv64_q4_k16(
-    const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,
-    float* out, int n_out, int n_in, const float* bias) {
-    mv_q4k16<64>(W, rb, aq, ad, bs, out, n_out, n_in, bias);
+extern "C" __global__ void __launch_bounds__(128) mv64_q4_k16(MV_PARAMS) {
+    MV_PICK
+    mv_q4k16<64>(W, rb, aq, ad, bs, out, n_out, n_in, bias, bx);
 }
 
-extern "C" __global__ void __launch_bounds__(128) mv128_q4_k16(
-    const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,
-    float* out, int n_out, int n_in, const float* bias) {
-    mv_q4k16<128>(W, rb, aq, ad, bs, out, n_out, n_in, bias);
+extern "C" __global__ void __launch_bounds__(128) mv128_q4_k16(MV_PARAMS) {
+    MV_PICK
+    mv_q4k16<128>(W, rb, aq, ad, bs, out, n_out, n_in, bias, bx);
 }
 
 // Q4_K, one token, weights 16-byte aligned, a warp per R rows: lane takes
@@ -293,9 +311,9 @@ extern "C" __global__ void __launch_bounds__(128) mv128_q4_k16(
 template <int R, int U>
 __device__ __forceinline__ void mv_q4k_w(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
                                          const int* bs, float* out, int n_out, int n_in,
-                                         const float* bias) {
+                                         const float* bias, int bx) {
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int row0 = (blockIdx.x * 4 + warp) * R;
+    int row0 = (bx * 4 + warp) * R;
     if (row0 >= n_out) return;
     const u8* wr[R];
 #pragma unroll
@@ -363,10 +381,11 @@ __device__ __forceinline__ void mv_q4k_w(const u8* W, u64 row_bytes, const i8* a
 
 // Two rows per warp, two units per lane in flight per row: 2.2 TB/s on an
 // H200 for 18944 x 3584 (mv128_q4_k16: 1.7), slower below ~1024 rows.
-extern "C" __global__ void __launch_bounds__(128) mvr2_q4_k16(
-    const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,
-    float* out, int n_out, int n_in, const float* bias) {
-    mv_q4k_w<2, 2>(W, rb, aq, ad, bs, out, n_out, n_in, bias);
+// At most 80 registers (6 blocks per SM): choosing among three matrices
+// took it to 96 and 5 blocks, and the 7B's decode step 4% slower.
+extern "C" __global__ void __launch_bounds__(128, 6) mvr2_q4_k16(MV_PARAMS) {
+    MV_PICK
+    mv_q4k_w<2, 2>(W, rb, aq, ad, bs, out, n_out, n_in, bias, bx);
 }
 
 // ---- dequantized weights x f32 activations (exact, F32, F16) -----------
@@ -531,21 +550,18 @@ __device__ __forceinline__ void mm_mma(const u8* W, u64 row_bytes, const i8* aq,
 }
 
 #define MM_Q(name, T)                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) mv32_##name(                             \
-        const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
-        float* out, int n_out, int n_in, const float* bias) {                                      \
-        mv_q<T, 32>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias);                                 \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) mv64_##name(                             \
-        const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
-        float* out, int n_out, int n_in, const float* bias) {                                      \
-        mv_q<T, 64>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias);                                 \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) mv128_##name(                             \
-        const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
-        float* out, int n_out, int n_in, const float* bias) {                                      \
-        mv_q<T, 128>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias);                                 \
-    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mv32_##name(MV_PARAMS) {                  \
+        MV_PICK                                                                                  \
+        mv_q<T, 32>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias, bx);                         \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) mv64_##name(MV_PARAMS) {                  \
+        MV_PICK                                                                                  \
+        mv_q<T, 64>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias, bx);                         \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) mv128_##name(MV_PARAMS) {                  \
+        MV_PICK                                                                                  \
+        mv_q<T, 128>(W, rb, aq, ad, as, bs, out, n_out, n_in, bias, bx);                         \
+    }                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) mmq8_##name(                             \
         const u8* W, u64 rb, const i8* aq, const float* ad, const float* as, const int* bs,   \
         float* out, int n_out, int n_in, int n_tok) {                                              \

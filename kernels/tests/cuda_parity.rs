@@ -288,56 +288,60 @@ fn add_rms_norm_fused() {
     }
 }
 
-/// Weights of different formats applied to one input (one quantization
-/// per activation format), with biases (fused into the decode kernels),
-/// give exactly what separate matmuls and bias adds give.
+/// Weights applied to one input (one quantization per activation
+/// format), with biases (added by the decode kernels as they store), give
+/// exactly what separate matmuls and bias adds give: weights of different
+/// formats, and runs of one format that decode takes in one launch (three
+/// at most; small and large Q4_K matrices keep their kernel).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn matmul_many_equals_separate_matmuls() {
+    use GgmlType::{F16, Q4_1, Q4_K, Q6_K};
     let g = gpu(Numerics::Production);
     let mut rng = Rng::new(32);
-    let types = [
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-        GgmlType::F16,
-        GgmlType::Q4_1,
+    let cases: [&[(GgmlType, usize)]; 4] = [
+        &[(Q4_K, 64), (Q6_K, 96), (F16, 128), (Q4_1, 160)],
+        &[(Q4_1, 64), (Q4_1, 96), (Q4_1, 32), (Q4_1, 160)],
+        &[(Q4_K, 64), (Q4_K, 96), (Q4_K, 128)],
+        &[(Q4_K, 1024), (Q4_K, 1056), (Q6_K, 64)],
     ];
-    for n_tok in [1, 40] {
-        let ws: Vec<_> = types
-            .iter()
-            .enumerate()
-            .map(|(i, &ty)| {
-                let n_out = 64 + 32 * i;
-                let bytes = weight_bytes(ty, n_out, 1024, &mut rng);
-                bind(g, "w", ty, n_out, 1024, &bytes)
-            })
-            .collect();
-        let x = g.tensor_from(n_tok, 1024, &rng.vec(n_tok * 1024, 2.0));
-        let mut many: Vec<_> = ws.iter().map(|w| g.tensor(n_tok, w.rows)).collect();
-        let refs: Vec<_> = ws.iter().collect();
-        let mut outs: Vec<_> = many.iter_mut().collect();
-        let bias_bytes: Vec<Vec<u8>> = ws
-            .iter()
-            .map(|w| f32_bytes(&rng.vec(w.rows, 1.0)))
-            .collect();
-        let biases: Vec<_> = ws
-            .iter()
-            .zip(&bias_bytes)
-            .map(|(w, b)| bind(g, "b", GgmlType::F32, 1, w.rows, b))
-            .collect();
-        let bias_refs: Vec<_> = biases.iter().collect();
-        g.matmul_many(&refs, Some(&bias_refs), &x, &mut outs)
-            .unwrap();
-        for ((w, b), got) in ws.iter().zip(&biases).zip(&many) {
-            let mut want = g.tensor(n_tok, w.rows);
-            g.matmul(w, &x, &mut want).unwrap();
-            g.add_bias(&mut want, b);
-            assert_eq!(
-                g.to_host(got),
-                g.to_host(&want),
-                "{} with {n_tok} tokens",
-                w.ggml_type
-            );
+    for case in cases {
+        for n_tok in [1, 40] {
+            let ws: Vec<_> = case
+                .iter()
+                .map(|&(ty, n_out)| {
+                    let bytes = weight_bytes(ty, n_out, 1024, &mut rng);
+                    bind(g, "w", ty, n_out, 1024, &bytes)
+                })
+                .collect();
+            let x = g.tensor_from(n_tok, 1024, &rng.vec(n_tok * 1024, 2.0));
+            let mut many: Vec<_> = ws.iter().map(|w| g.tensor(n_tok, w.rows)).collect();
+            let refs: Vec<_> = ws.iter().collect();
+            let mut outs: Vec<_> = many.iter_mut().collect();
+            let bias_bytes: Vec<Vec<u8>> = ws
+                .iter()
+                .map(|w| f32_bytes(&rng.vec(w.rows, 1.0)))
+                .collect();
+            let biases: Vec<_> = ws
+                .iter()
+                .zip(&bias_bytes)
+                .map(|(w, b)| bind(g, "b", GgmlType::F32, 1, w.rows, b))
+                .collect();
+            let bias_refs: Vec<_> = biases.iter().collect();
+            g.matmul_many(&refs, Some(&bias_refs), &x, &mut outs)
+                .unwrap();
+            for ((w, b), got) in ws.iter().zip(&biases).zip(&many) {
+                let mut want = g.tensor(n_tok, w.rows);
+                g.matmul(w, &x, &mut want).unwrap();
+                g.add_bias(&mut want, b);
+                assert_eq!(
+                    g.to_host(got),
+                    g.to_host(&want),
+                    "{} x {} with {n_tok} tokens in {case:?}",
+                    w.ggml_type,
+                    w.rows
+                );
+            }
         }
     }
 }
@@ -766,4 +770,87 @@ fn fused_activation_quantization_is_bit_identical() {
         }
     }
     println!("PARITY fused_activation_quantization max_abs=0 rel=0 tol=0");
+}
+
+/// Decode attention output quantized inside the attention kernel (Q8_0
+/// and Q8_1 activations: a head holds whole 32-value blocks) gives the
+/// matmul exactly what a separate quantization gives; Q8_K activations
+/// (256-value blocks across heads) are not fused there.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_fused_quantization_is_bit_identical() {
+    let g = gpu(Numerics::Production);
+    let mut rng = Rng::new(43);
+    let n_out = 40;
+    for (ty, n_head, n_head_kv, hd, rows) in [
+        (GgmlType::Q4_1, 9, 3, 64, 1),
+        (GgmlType::Q4_1, 9, 3, 64, 3),
+        (GgmlType::Q8_0, 4, 2, 128, 5),
+        (GgmlType::Q4_K, 8, 2, 128, 2),
+    ] {
+        let cols = n_head * hd;
+        let w = bind(
+            g,
+            "w",
+            ty,
+            n_out,
+            cols,
+            &weight_bytes(ty, n_out, cols, &mut rng),
+        );
+        let pcfg = KvPoolConfig {
+            n_layer: 1,
+            kv_dim: n_head_kv * hd,
+            block_size: 16,
+            n_blocks: 2 * rows,
+        };
+        let acfg = AttentionConfig {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let mut pool = g.kv_pool(pcfg).unwrap();
+        let tables: Vec<[u32; 2]> = (0..rows as u32).map(|r| [2 * r, 2 * r + 1]).collect();
+        let seqs: Vec<KvSeq> = (0..rows)
+            .map(|r| KvSeq {
+                blocks: &tables[r],
+                row: r,
+                n_rows: 1,
+                pos: 17 + r,
+            })
+            .collect();
+        let q = rng.vec(rows * cols, 1.5);
+        let k = rng.vec(rows * pcfg.kv_dim, 1.5);
+        let v = rng.vec(rows * pcfg.kv_dim, 1.5);
+        let mut run = |issue_first: bool| {
+            let qt = g.tensor_from(rows, cols, &q);
+            let kt = g.tensor_from(rows, pcfg.kv_dim, &k);
+            let vt = g.tensor_from(rows, pcfg.kv_dim, &v);
+            let mut att = g.tensor(rows, cols);
+            g.attention(&qt, &kt, &vt, &mut pool, 0, &seqs, &acfg, &mut att)
+                .unwrap();
+            if issue_first {
+                g.synchronize().unwrap();
+            }
+            let before = g.fused_quantizations();
+            let mut o = g.tensor(rows, n_out);
+            g.matmul(&w, &att, &mut o).unwrap();
+            (g.to_host(&o), g.fused_quantizations() - before)
+        };
+        let (fused, n_fused) = run(false);
+        let (separate, n_separate) = run(true);
+        let want = u64::from(ty.vec_dot_type() != GgmlType::Q8_K);
+        assert_eq!(
+            (n_fused, n_separate),
+            (want, 0),
+            "{} with {rows} rows",
+            ty.name()
+        );
+        assert!(
+            fused == separate,
+            "{} with {rows} rows: fused quantization changed the result",
+            ty.name()
+        );
+    }
+    println!("PARITY attention_fused_quantization max_abs=0 rel=0 tol=0");
 }

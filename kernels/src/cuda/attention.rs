@@ -259,9 +259,11 @@ fn split_kv(
     let (n_split_i, chunk_i) = (n_split as i32, chunk as i32);
     // One split: attn_part writes the output itself (no merge launch).
     let direct = if n_split == 1 { op } else { 0u64 };
+    // No quantization (fmt -1) unless the next matmul fuses it in.
+    let (fmt, null) = (-1i32, 0u64);
     launch!(be, part.as_str(), (q.rows as u32, cfg.n_head as u32, n_split as u32), 128;
         &qp, &pp, &tp, &ip, &pm, &pl, &pa, &nh, &nkv, &hd_i, &bs_i, &block_elems, &layer_off,
-        &cfg.scale, &chunk_i, &direct)?;
+        &cfg.scale, &chunk_i, &direct, &fmt, &null, &null, &null, &null)?;
     if n_split == 1 {
         return Ok(()); // attn_part wrote the result
     }

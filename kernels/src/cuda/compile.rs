@@ -181,7 +181,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "attention",
         src: include_str!("../../cuda/attention.cu"),
-        quant: false,
+        quant: true,
         big_smem: false,
         kernels: &[
             "kv_store_f16",

@@ -145,25 +145,101 @@ pub fn matmul_many(
             acts.push((a, act));
         }
     }
-    for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
-        if w.rows == 0 {
-            continue;
-        }
-        let bias = biases.map(|b| b[i]);
+    let mut i = 0;
+    while i < ws.len() {
+        let w = ws[i];
         let act = acts
             .iter()
             .find(|(a, _)| w.ggml_type.is_quantized() && *a == w.ggml_type.vec_dot_type())
             .map(|(_, act)| act);
-        let fused = match act {
-            Some(act) => launch_quantized(be, w, x.rows, act, bias, out)?,
-            None if w.ggml_type == GgmlType::F16 => launch_float(be, w, f16_x, x.rows, out)?,
-            None => launch_float(be, w, x.ptr, x.rows, out)?,
-        };
-        if let (Some(b), false) = (bias, fused) {
-            super::elementwise::add_bias(be, out, b)?;
+        // Decode: up to three matrices of one type in one launch.
+        let mut j = i + 1;
+        if x.rows == 1 && act.is_some() {
+            while j < ws.len() && j - i < MV_MATRICES && ws[j].ggml_type == w.ggml_type {
+                j += 1;
+            }
         }
+        match act {
+            Some(act) if x.rows == 1 => {
+                matvecs(be, &ws[i..j], biases.map(|b| &b[i..j]), act, &outs[i..j])?;
+            }
+            _ if w.rows == 0 => {}
+            _ => {
+                let out = &mut *outs[i];
+                match act {
+                    Some(act) => launch_quantized(be, w, x.rows, act, out)?,
+                    None if w.ggml_type == GgmlType::F16 => {
+                        launch_float(be, w, f16_x, x.rows, out)?
+                    }
+                    None => launch_float(be, w, x.ptr, x.rows, out)?,
+                }
+                if let Some(b) = biases.map(|b| b[i]) {
+                    super::elementwise::add_bias(be, out, b)?;
+                }
+            }
+        }
+        i = j;
     }
     Ok(())
+}
+
+/// Matrices one decode launch takes (`MV_PARAMS` in matmul.cu).
+const MV_MATRICES: usize = 3;
+
+/// One token through up to [`MV_MATRICES`] matrices of one type and width
+/// in one launch (dp4a matvecs: a warp per two rows for large Q4_K
+/// matrices, else 32 to 128 threads per row), biases added as the results
+/// are stored.
+fn matvecs(
+    be: &CudaBackend,
+    ws: &[&CudaWeight],
+    biases: Option<&[&CudaWeight]>,
+    a: &Act,
+    outs: &[&mut CudaTensor],
+) -> Result<(), BackendError> {
+    let (ty, n_in, rb) = (ws[0].ggml_type, ws[0].cols, ws[0].row_bytes);
+    debug_assert!(ws.iter().all(|w| w.ggml_type == ty && w.cols == n_in));
+    // Threads per weight row: about one 32-value chunk each, from a warp
+    // to a block (see mv_q in matmul.cu).
+    let tpr = match n_in / 32 {
+        96.. => 128,
+        48.. => 64,
+        _ => 32,
+    };
+    // Q4_K rows read with 16-byte loads where the weights allow it.
+    let q4k16 = ty == GgmlType::Q4_K && ws.iter().all(|w| be.weight_ptr(w).is_multiple_of(16));
+    let rows: usize = ws.iter().map(|w| w.rows).sum();
+    // Many Q4_K rows: a warp per two rows, loads in flight before use
+    // (mv_q4k_w in matmul.cu); 8 rows per block.
+    let (name, rows_per_block) = if q4k16 && rows >= 1024 {
+        ("mvr2_q4_k16".to_string(), 8)
+    } else {
+        let suffix = if q4k16 {
+            "q4_k16"
+        } else {
+            kernel_suffix(ty).expect("bound weights have a CUDA type")
+        };
+        (format!("mv{tpr}_{suffix}"), 128 / tpr)
+    };
+    // (weights, output, rows, bias) of each matrix; block ends.
+    let mut m = [(0u64, 0u64, 0i32, 0u64); MV_MATRICES];
+    let mut ends = [0i32; MV_MATRICES];
+    let mut blocks = 0;
+    for (k, w) in ws.iter().enumerate() {
+        let bias = biases.map_or(0, |b| be.dense_ptr(b[k]));
+        m[k] = (be.weight_ptr(w), outs[k].ptr, w.rows as i32, bias);
+        blocks += w.rows.div_ceil(rows_per_block) as i32;
+        ends[k] = blocks;
+    }
+    let (e0, e1) = (ends[0], if ws.len() > 1 { ends[1] } else { blocks });
+    if blocks == 0 {
+        return Ok(());
+    }
+    let (rb, n_in_i) = (rb as u64, n_in as i32);
+    launch!(be, name.as_str(), (blocks as u32, 1, 1), 128;
+        &m[0].0, &m[0].1, &m[0].2, &m[0].3, &m[1].0, &m[1].1, &m[1].2, &m[1].3,
+        &m[2].0, &m[2].1, &m[2].2, &m[2].3, &e0, &e1,
+        &rb, &a.aq, &a.ad, &a.asum, &a.bs, &n_in_i)
 }
 
 /// Device buffers of one quantized activation (see matmul.cu).
@@ -221,49 +297,19 @@ fn quantize(be: &CudaBackend, act: GgmlType, x: &CudaTensor, a: &Act) -> Result<
     }
 }
 
-/// Integer block dots against a quantized activation; returns whether
-/// `bias` was added too (the decode kernels add it as they store).
+/// Integer block dots of a batch of tokens against a quantized
+/// activation.
 fn launch_quantized(
     be: &CudaBackend,
     w: &CudaWeight,
     n_tok: usize,
     a: &Act,
-    bias: Option<&CudaWeight>,
     out: &mut CudaTensor,
-) -> Result<bool, BackendError> {
+) -> Result<(), BackendError> {
     let (n_in, n_out) = (w.cols, w.rows);
     let suffix = kernel_suffix(w.ggml_type).expect("bound weights have a CUDA type");
     let (wp, rb, op) = (be.weight_ptr(w), w.row_bytes as u64, out.ptr);
     let (n_out_i, n_in_i, n_tok_i) = (n_out as i32, n_in as i32, n_tok as i32);
-    if n_tok == 1 {
-        // Threads per weight row: about one 32-value chunk each, from a
-        // warp to a block (see mv_q in matmul.cu).
-        let tpr = match n_in / 32 {
-            96.. => 128,
-            48.. => 64,
-            _ => 32,
-        };
-        // Q4_K rows read with 16-byte loads where the weight allows it.
-        let suffix = if w.ggml_type == GgmlType::Q4_K && wp.is_multiple_of(16) {
-            "q4_k16"
-        } else {
-            suffix
-        };
-        // Large Q4_K matrices: a warp per two rows, loads in flight
-        // before use (mv_q4k_w in matmul.cu).
-        let (name, grid) = if suffix == "q4_k16" && n_out >= 1024 {
-            (format!("mvr2_{suffix}"), (n_out.div_ceil(8) as u32, 1, 1))
-        } else {
-            (
-                format!("mv{tpr}_{suffix}"),
-                (n_out.div_ceil(128 / tpr) as u32, 1, 1),
-            )
-        };
-        let bp = bias.map_or(0u64, |b| be.dense_ptr(b));
-        launch!(be, name.as_str(), grid, 128;
-            &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &op, &n_out_i, &n_in_i, &bp)?;
-        return Ok(bias.is_some());
-    }
     if be.tensor_cores() {
         // The tiled kernel where the device gives a block its shared
         // memory: 128 weight rows x 32 or 64 tokens per block (32 where 64
@@ -292,7 +338,7 @@ fn launch_quantized(
                 launch!(be, "mmt_split_sum", ((n_tok * n_out).div_ceil(256) as u32, 1, 1), 256;
                     &dst, &op, &n_i, &splits_i)?;
             }
-            return Ok(false);
+            return Ok(());
         }
     }
     let (name, grid) = if be.tensor_cores() {
@@ -315,8 +361,7 @@ fn launch_quantized(
         )
     };
     launch!(be, name.as_str(), grid, 128;
-        &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &op, &n_out_i, &n_in_i, &n_tok_i)?;
-    Ok(false)
+        &wp, &rb, &a.aq, &a.ad, &a.asum, &a.bs, &op, &n_out_i, &n_in_i, &n_tok_i)
 }
 
 /// Float dots (exact numerics, F32 and F16 weights) against `n_tok` rows
@@ -327,7 +372,7 @@ fn launch_float(
     xp: u64,
     n_tok: usize,
     out: &mut CudaTensor,
-) -> Result<bool, BackendError> {
+) -> Result<(), BackendError> {
     let (n_in, n_out) = (w.cols, w.rows);
     let nt = if n_tok == 1 { 1 } else { 8 };
     let grid = (
@@ -339,6 +384,5 @@ fn launch_float(
     let (wp, rb, op) = (be.weight_ptr(w), w.row_bytes as u64, out.ptr);
     let (n_out_i, n_in_i, n_tok_i) = (n_out as i32, n_in as i32, n_tok as i32);
     let name = format!("mmf{nt}_{suffix}");
-    launch!(be, name.as_str(), grid, 128; &wp, &rb, &xp, &op, &n_out_i, &n_in_i, &n_tok_i)?;
-    Ok(false)
+    launch!(be, name.as_str(), grid, 128; &wp, &rb, &xp, &op, &n_out_i, &n_in_i, &n_tok_i)
 }

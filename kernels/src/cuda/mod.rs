@@ -179,6 +179,42 @@ fn dev_err(what: &str, e: impl std::fmt::Debug) -> BackendError {
     }
 }
 
+/// Kernels that can quantize their output for the next matmul (see
+/// [`CudaBackend::fuse_quantization`]).
+#[derive(Clone, Copy, Debug)]
+enum Producer {
+    RmsNorm,
+    AddRmsNorm,
+    Swiglu,
+    Attention,
+}
+
+impl Producer {
+    /// Kernels of each kind.
+    const KERNELS: [(&'static str, Producer); 9] = [
+        ("rms_norm", Producer::RmsNorm),
+        ("add_rms_norm", Producer::AddRmsNorm),
+        ("swiglu", Producer::Swiglu),
+        ("attn_part_f16_d2", Producer::Attention),
+        ("attn_part_f16_d4", Producer::Attention),
+        ("attn_part_f16_d16", Producer::Attention),
+        ("attn_part_f32_d2", Producer::Attention),
+        ("attn_part_f32_d4", Producer::Attention),
+        ("attn_part_f32_d16", Producer::Attention),
+    ];
+
+    /// Argument indices of the output and of the format code (the four
+    /// quantization outputs follow it).
+    fn args(self) -> (usize, usize) {
+        match self {
+            Producer::RmsNorm => (2, 5),
+            Producer::AddRmsNorm => (3, 6),
+            Producer::Swiglu => (2, 5),
+            Producer::Attention => (15, 16),
+        }
+    }
+}
+
 /// The CUDA backend on one device.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -199,6 +235,8 @@ pub struct CudaBackend {
     live: Arc<AtomicUsize>,
     /// Pending commands past which a norm op issues them first (0: never).
     chunk: usize,
+    /// Function handles of the kernels that can quantize their output.
+    producers: Vec<(usize, Producer)>,
 }
 
 /// Default of [`CudaBackend`]'s `chunk`: a 7B decode step records about
@@ -278,6 +316,10 @@ impl CudaBackend {
             }
             state.profile = Some(p);
         }
+        let producers = Producer::KERNELS
+            .iter()
+            .map(|&(k, p)| (funcs[k].cu_function() as usize, p))
+            .collect();
         Ok(CudaBackend {
             ctx,
             stream,
@@ -290,6 +332,7 @@ impl CudaBackend {
             sm_count,
             state: Arc::new(Mutex::new(state)),
             live: Arc::new(AtomicUsize::new(0)),
+            producers,
             chunk: std::env::var("DS4_CUDA_CHUNK")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -315,16 +358,15 @@ impl CudaBackend {
     /// the buffers `q` = aq, ad, as, bs of matmul.cu) into the kernel that
     /// produced `x`, when that is the last command recorded but for
     /// memsets of tensors made since: an RMSNorm (plain or with the
-    /// residual add) or SwiGLU launch writing exactly `x`, not fused yet.
+    /// residual add), SwiGLU, or one-split decode attention launch
+    /// (Q8_0 / Q8_1 only: a head holds whole blocks) writing exactly `x`,
+    /// not fused yet.
     /// The producer is recorded again with its quantization outputs set
     /// (quant_warp256: the same bits as the separate kernel), then the
     /// memsets (fresh tensors: the producer touches none of them). Returns
     /// whether it did.
     fn fuse_quantization(&self, x: &CudaTensor, fmt: i32, q: [u64; 4]) -> bool {
         use queue::{Cmd, KernelArg};
-        // (kernel, argument index of its output, of its format code).
-        const PRODUCERS: [(&str, usize, usize); 3] =
-            [("rms_norm", 2, 5), ("add_rms_norm", 3, 6), ("swiglu", 2, 5)];
         if fmt == 2 && !x.cols.is_multiple_of(256) {
             return false;
         }
@@ -339,16 +381,25 @@ impl CudaBackend {
         else {
             return false;
         };
-        let Some(&(name, out_i, fmt_i)) = PRODUCERS
-            .iter()
-            .find(|p| self.func(p.0).cu_function() as usize == *func)
-        else {
+        let Some(&(_, kind)) = self.producers.iter().find(|p| p.0 == *func) else {
             return false;
         };
-        let shape_ok = if name == "swiglu" {
-            args[3] == (x.rows * x.cols) as u64 && args[4] == x.cols as u64
-        } else {
-            grid.0 as usize == x.rows && args[fmt_i - 2] == x.cols as u64
+        let (out_i, fmt_i) = kind.args();
+        let shape_ok = match kind {
+            Producer::Swiglu => args[3] == (x.rows * x.cols) as u64 && args[4] == x.cols as u64,
+            Producer::RmsNorm | Producer::AddRmsNorm => {
+                grid.0 as usize == x.rows && args[fmt_i - 2] == x.cols as u64
+            }
+            // One split (the kernel writes the output itself), whole
+            // 32-value blocks per head, not Q8_K's 256 values.
+            Producer::Attention => {
+                let hd = args[9];
+                fmt != 2
+                    && grid.2 == 1
+                    && grid.0 as usize == x.rows
+                    && grid.1 as u64 * hd == x.cols as u64
+                    && hd.is_multiple_of(32)
+            }
         };
         if args[out_i] != x.ptr || args[fmt_i] != (-1i32).slot() || !shape_ok {
             return false;

@@ -27,7 +27,7 @@ use super::dev_err;
 use crate::backend::BackendError;
 
 /// Most kernel arguments of any kernel in `kernels/cuda`.
-pub const MAX_ARGS: usize = 20;
+pub const MAX_ARGS: usize = 21;
 /// Graphs kept (a few per batch shape seen twice: passes are issued in
 /// chunks, see `CudaBackend::issue_chunk`).
 const MAX_GRAPHS: usize = 512;
