@@ -57,6 +57,63 @@ extern "C" __global__ void kv_store_f32(const float* k, const float* v, float* p
 // part_*[(row * n_head + head) * n_split + z]; attn_merge combines the
 // splits.
 
+// elementwise.cu's rope of q and k fused with kv_store: one thread per
+// (row, head of q then of k, pair slot of head_dim / 2). Slot i < n_rot / 2
+// rotates its pair (mode 0: dims 2i, 2i + 1; 1: i, i + n_rot / 2); the
+// other slots take the dims past n_rot two at a time. Key-head threads
+// then store their two key values (rotated) and the same two value
+// values in the pool, for rows of a sequence.
+template <class E>
+__device__ __forceinline__ void rope_kv_store(float* q, float* k, const float* v, const u32* pos, E* pool,
+                                              const int* info, int rows, int q_cols, int kv_dim,
+                                              int head_dim, int n_rot, float freq_base, float freq_scale,
+                                              int mode, int bs, u64 block_elems, u64 layer_off) {
+    int hp = head_dim / 2, half = n_rot / 2;
+    int heads_q = q_cols / head_dim, heads = heads_q + kv_dim / head_dim;
+    u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (u64)rows * heads * hp) return;
+    int i = (int)(g % hp);
+    u64 rh = g / hp;
+    int h = (int)(rh % heads);
+    int r = (int)(rh / heads);
+    bool key = h >= heads_q;
+    int kh = h - heads_q;
+    float* head = key ? k + (u64)r * kv_dim + (u64)kh * head_dim : q + (u64)r * q_cols + (u64)h * head_dim;
+    int a = i < half ? (mode == 0 ? 2 * i : i) : n_rot + 2 * (i - half);
+    int b = i < half ? (mode == 0 ? 2 * i + 1 : i + half) : a + 1;
+    float x0 = head[a], x1 = head[b];
+    if (i < half) {
+        float c, s;
+        rope_cs(pos[r], i, n_rot, freq_base, freq_scale, c, s);
+        rope_rot(x0, x1, c, s);
+        head[a] = x0;
+        head[b] = x1;
+    }
+    if (!key) return;
+    int blk = info[4 * r], slot = info[4 * r + 1];
+    if (blk < 0) return;
+    E* dk = pool + (u64)blk * block_elems + layer_off + (u64)slot * kv_dim + (u64)kh * head_dim;
+    E* dv = dk + (u64)bs * kv_dim;
+    const float* vr = v + (u64)r * kv_dim + (u64)kh * head_dim;
+    kv_st(dk + a, x0);
+    kv_st(dk + b, x1);
+    kv_st(dv + a, vr[a]);
+    kv_st(dv + b, vr[b]);
+}
+
+#define ROPE_KV_STORE(name, E)                                                                     \
+    extern "C" __global__ void name(float* q, float* k, const float* v, const u32* pos, E* pool,  \
+                                    const int* info, int rows, int q_cols, int kv_dim, int head_dim, \
+                                    int n_rot, float freq_base, float freq_scale, int mode, int bs, \
+                                    u64 block_elems, u64 layer_off) {                              \
+        pdl_wait();                                                                                \
+        rope_kv_store<E>(q, k, v, pos, pool, info, rows, q_cols, kv_dim, head_dim, n_rot, freq_base, \
+                         freq_scale, mode, bs, block_elems, layer_off);                            \
+    }
+
+ROPE_KV_STORE(rope_kv_store_f16, u16)
+ROPE_KV_STORE(rope_kv_store_f32, float)
+
 // q . k over hd values at p (16-byte aligned when hd % 8 == 0).
 __device__ __forceinline__ float qk_dot(const float* sq, const u16* p, int hd) {
     float s = 0.0f;
@@ -108,6 +165,41 @@ __device__ __forceinline__ void attn_quant(const float* o, int hd, int fmt, u64 
     }
 }
 
+// qk_dot for a head size known at compile time: every load of the key
+// row is issued before the first product (the loop over a runtime hd
+// waits for each 16 bytes in turn), same sums in the same order.
+template <int HD>
+__device__ __forceinline__ float qk_dot_fixed(const float* sq, const u16* p) {
+    const uint4* v = (const uint4*)p;
+    uint4 w[HD / 8];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) w[j] = v[j];
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) {
+        u32 x[4] = {w[j].x, w[j].y, w[j].z, w[j].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            s += sq[8 * j + 2 * k] * h2f((u16)(x[k] & 0xffff));
+            s += sq[8 * j + 2 * k + 1] * h2f((u16)(x[k] >> 16));
+        }
+    }
+    return s;
+}
+
+template <int HD>
+__device__ __forceinline__ float qk_dot_fixed(const float* sq, const float* p) {
+    const float4* v = (const float4*)p;
+    float4 w[HD / 4];
+#pragma unroll
+    for (int j = 0; j < HD / 4; j++) w[j] = v[j];
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HD / 4; j++)
+        s += sq[4 * j] * w[j].x + sq[4 * j + 1] * w[j].y + sq[4 * j + 2] * w[j].z + sq[4 * j + 3] * w[j].w;
+    return s;
+}
+
 template <class E, int MAXD>
 __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u32* tables, const int* info,
                                           float* part_m, float* part_l, float* part_acc, int n_head,
@@ -129,7 +221,7 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
     if (t0 >= t1) {
         if (o) {
             for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = 0.0f;
-            attn_quant(o, hd, fmt, flat, n_head * hd, aq, ad, as, qbs);
+            if constexpr (MAXD <= 4) attn_quant(o, hd, fmt, flat, n_head * hd, aq, ad, as, qbs);
         } else if (threadIdx.x == 0) {
             part_m[pi] = -__int_as_float(0x7f800000);
             part_l[pi] = 0.0f;
@@ -154,7 +246,11 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
         if (ok) {
             u32 blk = tables[toff + t / bs];
             off = (u64)blk * block_elems + layer_off + (u64)(t % bs) * kv_dim + (u64)kvh * hd;
-            s = qk_dot(s_q, pool + off, hd) * scale;
+            // Head sizes 64 and 128 (the d2 and d4 kernels' largest).
+            if (MAXD <= 4 && hd == 32 * MAXD)
+                s = qk_dot_fixed<32 * MAXD>(s_q, pool + off) * scale;
+            else
+                s = qk_dot(s_q, pool + off, hd) * scale;
         }
         float m_new = fmaxf(m, warp_max(s));
         float corr = expf(m - m_new);
@@ -204,7 +300,9 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
         }
     }
     if (o) {
-        attn_quant(o, hd, fmt, flat, n_head * hd, aq, ad, as, qbs);
+        // Head sizes up to 128 (the quantization code costs the 512 kernel
+        // spills; the host fuses only into d2 and d4).
+        if constexpr (MAXD <= 4) attn_quant(o, hd, fmt, flat, n_head * hd, aq, ad, as, qbs);
         return;
     }
     if (threadIdx.x == 0) {

@@ -58,6 +58,25 @@ __device__ __forceinline__ void prefetch_l2(const u8* p, u64 bytes, u64 total, i
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
 }
 
+// RoPE of pair i (of n_rot / 2) at position pos: the angle's cosine and
+// sine in f64 like the CPU, then the rotation rounded op by op.
+// elementwise.cu's rope and attention.cu's rope_kv_store share these, so
+// both give the same bits.
+__device__ __forceinline__ void rope_cs(u32 pos, int i, int n_rot, float freq_base, float freq_scale,
+                                        float& c, float& s) {
+    double inv_freq = pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
+    double theta = (double)pos * (double)freq_scale * inv_freq;
+    c = (float)cos(theta);
+    s = (float)sin(theta);
+}
+
+__device__ __forceinline__ void rope_rot(float& x0, float& x1, float c, float s) {
+    float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    x0 = y0;
+    x1 = y1;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

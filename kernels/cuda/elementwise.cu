@@ -3,12 +3,19 @@
 // (kernels/src/cpu/elementwise.rs, rope.rs): __f*_rn keeps the compiler
 // from contracting products and sums into FMAs.
 
+#define NORM_KEEP 4096
+
 // One block per row: out = x * (1 / sqrt(mean(x^2) + eps)) * w, the sum of
 // squares in f64 like the CPU. With y: x += y first (add_assign's rounding),
 // each thread adding the values it then reads back.
 __device__ __forceinline__ void rms_norm_row(float* x, const float* y, const float* w, float* out, int cols,
                                              float eps, int fmt, i8* aq, float* ad, float* as, int* bs) {
     __shared__ double part[32];
+    // The output also kept here for its quantization (rows of up to
+    // NORM_KEEP values), which then reads shared memory instead of going
+    // back to global memory for what this block just wrote.
+    __shared__ float s_o[NORM_KEEP];
+    bool keep = fmt >= 0 && cols <= NORM_KEEP;
     float* xr = x + (u64)blockIdx.x * cols;
     float* o = out + (u64)blockIdx.x * cols;
     double s = 0.0;
@@ -35,15 +42,20 @@ __device__ __forceinline__ void rms_norm_row(float* x, const float* y, const flo
     }
     __syncthreads();
     float scale = (float)(1.0 / sqrt(part[0] / (double)cols + (double)eps));
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float r = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        o[i] = r;
+        if (keep) s_o[i] = r;
+    }
     if (fmt < 0) return;
     // The output quantized for the next matmul (quant_warp256), a warp per
     // 256 values, read back after the block's writes.
     __syncthreads();
+    const float* src = keep ? s_o : o;
     int nw = blockDim.x / 32;
     for (int c = 256 * warp; c < cols; c += 256 * nw) {
         float v[8];
-        bool valid = load_warp256(o + c, cols - c, v);
+        bool valid = load_warp256(src + c, cols - c, v);
         quant_warp256(v, valid, fmt, (u64)blockIdx.x * cols + c, cols, aq, ad, as, bs);
     }
 }
@@ -114,16 +126,16 @@ extern "C" __global__ void rope(float* x, float* y, const u32* pos, int rows, in
     u64 rh = g / half;
     int h = (int)(rh % heads);
     int r = (int)(rh / heads);
-    double inv_freq = pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
-    double theta = (double)pos[r] * (double)freq_scale * inv_freq;
-    float c = (float)cos(theta), s = (float)sin(theta);
+    float c, s;
+    rope_cs(pos[r], i, n_rot, freq_base, freq_scale, c, s);
     float* head = h < heads_x ? x + (u64)r * cols + (u64)h * head_dim
                               : y + (u64)r * cols_y + (u64)(h - heads_x) * head_dim;
     int a = mode == 0 ? 2 * i : i;
     int b = mode == 0 ? 2 * i + 1 : i + half;
     float x0 = head[a], x1 = head[b];
-    head[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    head[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    rope_rot(x0, x1, c, s);
+    head[a] = x0;
+    head[b] = x1;
 }
 
 // One block (1024 threads) per row: index of the largest value, the first

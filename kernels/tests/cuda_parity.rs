@@ -723,6 +723,8 @@ fn fused_activation_quantization_is_bit_identical() {
         (GgmlType::Q6_K, 3584, 3),
         (GgmlType::Q4_1, 576, 1),
         (GgmlType::Q8_0, 576, 5),
+        // Past the 4,096 values a norm block keeps in shared memory.
+        (GgmlType::Q4_K, 5120, 2),
     ] {
         let w = bind(
             g,
@@ -770,6 +772,93 @@ fn fused_activation_quantization_is_bit_identical() {
         }
     }
     println!("PARITY fused_activation_quantization max_abs=0 rel=0 tol=0");
+}
+
+/// The KV store fused into the RoPE launch before it (`rope_qk` then
+/// `attention`) leaves the same queries, keys, pool contents and attention
+/// output as the two launches apart: both RoPE modes, a partial rotation,
+/// f16 and f32 pools, a prefilling and a decoding sequence.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rope_fused_with_kv_store_is_bit_identical() {
+    let mut rng = Rng::new(47);
+    let (n_head, n_head_kv, hd) = (4, 2, 64);
+    for (numerics, mode, n_rot) in [
+        (Numerics::Production, RopeMode::Neox, 64),
+        (Numerics::Production, RopeMode::Normal, 32),
+        (Numerics::Exact, RopeMode::Neox, 32),
+    ] {
+        let g = gpu(numerics);
+        let pcfg = KvPoolConfig {
+            n_layer: 2,
+            kv_dim: n_head_kv * hd,
+            block_size: 16,
+            n_blocks: 8,
+        };
+        let acfg = AttentionConfig {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let rope = RopeConfig {
+            mode,
+            n_rot,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+        };
+        // Sequence 0 prefills 3 rows at 18..21, sequence 1 decodes at 5.
+        let (t0, t1) = ([1u32, 4], [6u32]);
+        let seqs = [
+            KvSeq {
+                blocks: &t0,
+                row: 0,
+                n_rows: 3,
+                pos: 18,
+            },
+            KvSeq {
+                blocks: &t1,
+                row: 3,
+                n_rows: 1,
+                pos: 5,
+            },
+        ];
+        let positions = [18, 19, 20, 5];
+        let rows = 4;
+        let q = rng.vec(rows * n_head * hd, 1.5);
+        let k = rng.vec(rows * pcfg.kv_dim, 1.5);
+        let v = rng.vec(rows * pcfg.kv_dim, 1.5);
+        let run = |apart: bool| {
+            let mut pool = g.kv_pool(pcfg).unwrap();
+            let mut qt = g.tensor_from(rows, n_head * hd, &q);
+            let mut kt = g.tensor_from(rows, pcfg.kv_dim, &k);
+            let vt = g.tensor_from(rows, pcfg.kv_dim, &v);
+            let mut att = g.tensor(rows, n_head * hd);
+            g.rope_qk(&mut qt, &mut kt, &positions, hd, &rope);
+            if apart {
+                g.synchronize().unwrap();
+            }
+            let before = g.fused_rope_stores();
+            g.attention(&qt, &kt, &vt, &mut pool, 1, &seqs, &acfg, &mut att)
+                .unwrap();
+            let fused = g.fused_rope_stores() - before;
+            let mut blocks = Vec::new();
+            for b in [1u32, 4, 6] {
+                let mut buf = vec![0u8; pcfg.block_bytes(g.kv_dtype(&pool))];
+                g.kv_read_block(&pool, b, &mut buf).unwrap();
+                blocks.push(buf);
+            }
+            (g.to_host(&qt), g.to_host(&att), blocks, fused)
+        };
+        let (q_f, att_f, pool_f, n_f) = run(false);
+        let (q_a, att_a, pool_a, n_a) = run(true);
+        let what = format!("{numerics:?} {mode:?} n_rot {n_rot}");
+        assert_eq!((n_f, n_a), (1, 0), "{what}: fusions");
+        assert!(q_f == q_a, "{what}: queries differ");
+        assert!(pool_f == pool_a, "{what}: pool contents differ");
+        assert!(att_f == att_a, "{what}: attention output differs");
+    }
+    println!("PARITY rope_kv_store max_abs=0 rel=0 tol=0");
 }
 
 /// Decode attention output quantized inside the attention kernel (Q8_0

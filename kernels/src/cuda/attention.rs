@@ -151,12 +151,22 @@ pub fn attention(
     let (qp, kp, vp, pp, op) = (q.ptr, k.ptr, v.ptr, be.ptr(&pool.buf), out.ptr);
     let (kv_dim_i, bs_i) = (kv_dim as i32, bs as i32);
     let (nh, nkv) = (cfg.n_head as i32, cfg.n_head_kv as i32);
-    let store = match pool.dtype {
-        KvDtype::F16 => "kv_store_f16",
-        KvDtype::F32 => "kv_store_f32",
-    };
-    launch!(be, store, (q.rows as u32, 1, 1), 128;
-        &kp, &vp, &pp, &ip, &kv_dim_i, &bs_i, &block_elems, &layer_off)?;
+    let fused = fuse_rope_store(
+        be,
+        q,
+        k,
+        v,
+        pool.dtype,
+        [pp, ip, bs_i as u64, block_elems, layer_off],
+    )?;
+    if !fused {
+        let store = match pool.dtype {
+            KvDtype::F16 => "kv_store_f16",
+            KvDtype::F32 => "kv_store_f32",
+        };
+        launch!(be, store, (q.rows as u32, 1, 1), 128;
+            &kp, &vp, &pp, &ip, &kv_dim_i, &bs_i, &block_elems, &layer_off)?;
+    }
     if tiled_rows < q.rows {
         let sp = if prefill.is_empty() {
             ip
@@ -194,6 +204,66 @@ pub fn attention(
     let grid = ((prefill.len() / 4) as u32, cfg.n_head as u32, 1);
     launch!(be, name, grid, 128;
         &qp, &pp, &tp, &tiles, &nh, &nkv, &bs_i, &block_elems, &layer_off, &cfg.scale, &op)
+}
+
+/// Records the KV store fused with the RoPE launch of these `q` and `k`
+/// rows when that is the last command recorded (`rope_qk` right before
+/// `attention`, as every llama-family layer does), but for uploads and
+/// memsets of fresh buffers, which the RoPE does not read: the RoPE
+/// launch is taken back and `rope_kv_store` recorded instead (the same
+/// rotation, then the store). `store` = pool, info, block size, block
+/// elements, layer offset. Returns whether it did.
+fn fuse_rope_store(
+    be: &CudaBackend,
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    dtype: KvDtype,
+    store: [u64; 5],
+) -> Result<bool, BackendError> {
+    use super::queue::Cmd;
+    let rope = {
+        let mut st = be.lock();
+        let mut back = 0;
+        while let Some(Cmd::Memset { .. } | Cmd::HtoD { .. }) = st.recent(back) {
+            back += 1;
+        }
+        let Some(Cmd::Launch { func, args, .. }) = st.recent(back) else {
+            return Ok(false);
+        };
+        // rope(x, y, pos, rows, cols, cols_y, head_dim, n_rot, base, scale, mode)
+        let same = *func == be.rope_func
+            && args[0] == q.ptr
+            && args[1] == k.ptr
+            && args[3] == q.rows as u64
+            && args[4] == q.cols as u64
+            && args[5] == k.cols as u64;
+        if !same {
+            return Ok(false);
+        }
+        let rope = *args;
+        let after: Vec<Cmd> = (0..back).filter_map(|_| st.pop_last()).collect();
+        st.pop_last().expect("the RoPE launch was just seen");
+        for c in after.into_iter().rev() {
+            st.push(c);
+        }
+        st.fused_rope_stores += 1;
+        rope
+    };
+    let (hd, heads) = (rope[6] as usize, (q.cols + k.cols) / rope[6] as usize);
+    let n = q.rows * heads * (hd / 2);
+    let name = match dtype {
+        KvDtype::F16 => "rope_kv_store_f16",
+        KvDtype::F32 => "rope_kv_store_f32",
+    };
+    let (qp, kp, vp) = (q.ptr, k.ptr, v.ptr);
+    let [pp, ip, bs, block_elems, layer_off] = store;
+    // rows, q cols, kv_dim (= k cols), head_dim, n_rot, freq base and
+    // scale, mode: the RoPE launch's own argument slots.
+    launch!(be, name, (n.div_ceil(256) as u32, 1, 1), 256;
+        &qp, &kp, &vp, &rope[2], &pp, &ip, &rope[3], &rope[4], &rope[5], &rope[6], &rope[7],
+        &rope[8], &rope[9], &rope[10], &bs, &block_elems, &layer_off)?;
+    Ok(true)
 }
 
 /// Rows per tile of the prefill kernel (`FA_ROWS` in attention_prefill.cu).

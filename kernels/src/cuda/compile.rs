@@ -186,6 +186,8 @@ pub const SOURCES: &[KernelSource] = &[
         kernels: &[
             "kv_store_f16",
             "kv_store_f32",
+            "rope_kv_store_f16",
+            "rope_kv_store_f32",
             "attn_part_f16_d2",
             "attn_part_f16_d4",
             "attn_part_f16_d16",

@@ -191,16 +191,15 @@ enum Producer {
 
 impl Producer {
     /// Kernels of each kind.
-    const KERNELS: [(&'static str, Producer); 9] = [
+    /// (The d16 attention kernels, for heads of 512, do not quantize.)
+    const KERNELS: [(&'static str, Producer); 7] = [
         ("rms_norm", Producer::RmsNorm),
         ("add_rms_norm", Producer::AddRmsNorm),
         ("swiglu", Producer::Swiglu),
         ("attn_part_f16_d2", Producer::Attention),
         ("attn_part_f16_d4", Producer::Attention),
-        ("attn_part_f16_d16", Producer::Attention),
         ("attn_part_f32_d2", Producer::Attention),
         ("attn_part_f32_d4", Producer::Attention),
-        ("attn_part_f32_d16", Producer::Attention),
     ];
 
     /// Argument indices of the output and of the format code (the four
@@ -237,6 +236,8 @@ pub struct CudaBackend {
     chunk: usize,
     /// Function handles of the kernels that can quantize their output.
     producers: Vec<(usize, Producer)>,
+    /// The `rope` kernel's handle (its launch may fuse with the KV store).
+    rope_func: usize,
 }
 
 /// Default of [`CudaBackend`]'s `chunk`: a decode step of SmolLM2 or a 7B
@@ -321,6 +322,7 @@ impl CudaBackend {
             .iter()
             .map(|&(k, p)| (funcs[k].cu_function() as usize, p))
             .collect();
+        let rope_func = funcs["rope"].cu_function() as usize;
         Ok(CudaBackend {
             ctx,
             stream,
@@ -334,6 +336,7 @@ impl CudaBackend {
             state: Arc::new(Mutex::new(state)),
             live: Arc::new(AtomicUsize::new(0)),
             producers,
+            rope_func,
             chunk: std::env::var("DS4_CUDA_CHUNK")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -457,6 +460,11 @@ impl CudaBackend {
     /// The device's streaming multiprocessors.
     pub fn sm_count(&self) -> usize {
         self.sm_count
+    }
+
+    /// How many KV stores ran inside the RoPE launch before them.
+    pub fn fused_rope_stores(&self) -> u64 {
+        self.lock().fused_rope_stores
     }
 
     /// Where the host's time went (recording, issuing, waiting).

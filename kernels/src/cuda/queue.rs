@@ -179,6 +179,8 @@ pub struct State {
     /// Activation quantizations fused into the kernel that produced the
     /// activation (see `CudaBackend::fuse_quantization`).
     pub fused_quantizations: u64,
+    /// KV stores fused with the RoPE launch before them.
+    pub fused_rope_stores: u64,
     /// Set when kernels are timed one by one (see [`super::profile`]).
     pub profile: Option<super::profile::Profile>,
     /// Buffers dropped while recorded commands may still use them: freed
@@ -205,6 +207,7 @@ impl State {
             timing: HostTiming::default(),
             recording_since: None,
             fused_quantizations: 0,
+            fused_rope_stores: 0,
             profile: None,
             graveyard: Vec::new(),
         }
