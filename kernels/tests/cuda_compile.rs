@@ -1,5 +1,6 @@
 //! Every CUDA kernel source compiles with NVRTC (no GPU needed, only
-//! libnvrtc), and defines every kernel the Rust wrappers load.
+//! libnvrtc), defines every kernel the Rust wrappers load, and every
+//! kernel waits for the one ahead of it (programmatic launches).
 //!
 //! Without libnvrtc the test says why and passes, unless
 //! `DS4_REQUIRE_NVRTC` is set (CI sets it after
@@ -35,6 +36,11 @@ fn every_kernel_source_compiles_with_nvrtc() {
                             failures.push(format!("{}.cu for sm_{arch}: no kernel {k}", src.name));
                         }
                     }
+                    failures.extend(
+                        kernels_without_pdl_wait(&ptx)
+                            .into_iter()
+                            .map(|k| format!("{}.cu for sm_{arch}: {k} never calls pdl_wait (the host launches every kernel with programmatic stream serialization)", src.name)),
+                    );
                     eprintln!(
                         "{}.cu sm_{arch}: {} kernels, {} bytes of PTX, {:?}",
                         src.name,
@@ -48,4 +54,16 @@ fn every_kernel_source_compiles_with_nvrtc() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Kernels of `ptx` whose body has no `griddepcontrol.wait`: on sm_90+
+/// every kernel may start before the one ahead of it has finished, so
+/// each must wait (`pdl_wait` in common.cuh) before touching anything but
+/// weights.
+fn kernels_without_pdl_wait(ptx: &str) -> Vec<String> {
+    ptx.split(".entry ")
+        .skip(1)
+        .filter(|body| !body.contains("griddepcontrol.wait"))
+        .map(|body| body.split('(').next().unwrap_or("?").to_string())
+        .collect()
 }
