@@ -8,7 +8,8 @@
 //! integer block dots. Exact numerics (and F32 weights): weights
 //! dequantized in registers, f32 dots with unrounded activations. Decode
 //! (one token) runs dp4a matvecs (a warp per two rows for large Q4_K
-//! matrices, else 32 to 128 threads per row); batches of quantized
+//! matrices, else 32 to 128 threads per row; up to three matrices of one
+//! type applied to the same input in one launch); batches of quantized
 //! production matmuls run the shared-memory tiled int8 tensor-core kernel
 //! (sm_80+, where the block's shared memory fits; else the register
 //! tensor-core kernel, 16 rows x 32 tokens per warp), otherwise the dp4a
