@@ -482,7 +482,7 @@ fn matmul_case(
     c.matmul(&wc, &xc, &mut oc).unwrap();
     let path = if numerics == Numerics::Exact || !ty.is_quantized() {
         "float"
-    } else if n_tok > 1 && g.tensor_cores() {
+    } else if n_tok > g.dp4a_tokens().max(1) && g.tensor_cores() {
         "mma"
     } else {
         "dp4a"
@@ -504,6 +504,7 @@ fn matmul_all(numerics: Numerics, tensor_cores: bool) {
     for (i, ty) in TYPES.into_iter().enumerate() {
         for (n_out, n_in, n_tok) in [
             (67, 2048, 1),
+            (67, 2048, 3),
             (67, 2048, 13),
             (256, 4096, 1),
             (5, 256, 9),

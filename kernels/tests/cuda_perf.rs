@@ -108,6 +108,34 @@ fn perf_matmul() {
     }
 }
 
+/// Small token batches (several decode streams): the tensor-core path
+/// (tiled, split along K) against the dp4a kernel.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn perf_small_batches() {
+    let be = CudaBackend::new(0, Numerics::Production).unwrap();
+    let (n_out, n_in) = (14336, 4096);
+    for ty in [GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let w = weight(&be, ty, n_out, n_in);
+        let bytes = (ty.row_bytes(n_in).unwrap() * n_out) as f64;
+        for n_tok in [2usize, 4, 8, 16, 32] {
+            let x = be.tensor_from(n_tok, n_in, &vec![0.5; n_tok * n_in]);
+            let mut out = be.tensor(n_tok, n_out);
+            for tc in [true, false] {
+                be.set_tensor_cores(tc);
+                let us = time_us(&be, 20, || be.matmul(&w, &x, &mut out).unwrap());
+                println!(
+                    "PERF small_{}_{n_out}x{n_in}_tok{n_tok}_{} {us:.1} us {:.0} GB/s",
+                    ty.name(),
+                    if tc { "tc" } else { "dp4a" },
+                    bytes / us / 1e3
+                );
+            }
+        }
+        be.set_tensor_cores(true);
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn perf_attention_decode() {

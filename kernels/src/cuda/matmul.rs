@@ -9,10 +9,11 @@
 //! dequantized in registers, f32 dots with unrounded activations. Decode
 //! (one token) runs dp4a matvecs (a warp per two rows for large Q4_K
 //! matrices, else 32 to 128 threads per row; up to three matrices of one
-//! type applied to the same input in one launch); batches of quantized
-//! production matmuls run the shared-memory tiled int8 tensor-core kernel
-//! (sm_80+, where the block's shared memory fits; else the register
-//! tensor-core kernel, 16 rows x 32 tokens per warp), otherwise the dp4a
+//! type applied to the same input in one launch); batches of more than
+//! four tokens of quantized production matmuls run the shared-memory
+//! tiled int8 tensor-core kernel (sm_80+, where the block's shared memory
+//! fits; else the register tensor-core kernel, 16 rows x 32 tokens per
+//! warp), smaller batches (and GPUs without int8 tensor cores) the dp4a
 //! kernel with eight tokens sharing each unpacked chunk.
 
 use super::{kernel_suffix, CudaBackend, CudaTensor, CudaWeight};
@@ -311,7 +312,10 @@ fn launch_quantized(
     let suffix = kernel_suffix(w.ggml_type).expect("bound weights have a CUDA type");
     let (wp, rb, op) = (be.weight_ptr(w), w.row_bytes as u64, out.ptr);
     let (n_out_i, n_in_i, n_tok_i) = (n_out as i32, n_in as i32, n_tok as i32);
-    if be.tensor_cores() {
+    // Batches of a few tokens (two to four decode streams) read the
+    // weights faster through the dp4a kernel (see `DP4A_TOKENS`).
+    let tensor_cores = be.tensor_cores() && n_tok > be.dp4a_tokens;
+    if tensor_cores {
         // The tiled kernel where the device gives a block its shared
         // memory: 128 weight rows x 32 or 64 tokens per block (32 where 64
         // does not fit: GPUs with about 100 KB per block).
@@ -342,7 +346,7 @@ fn launch_quantized(
             return Ok(());
         }
     }
-    let (name, grid) = if be.tensor_cores() {
+    let (name, grid) = if tensor_cores {
         (
             format!("mma_{suffix}"),
             (

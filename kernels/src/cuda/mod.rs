@@ -238,7 +238,18 @@ pub struct CudaBackend {
     producers: Vec<(usize, Producer)>,
     /// The `rope` kernel's handle (its launch may fuse with the KV store).
     rope_func: usize,
+    /// Quantized batches of at most this many tokens run the dp4a kernel
+    /// rather than the tensor cores (`DS4_CUDA_DP4A_TOKENS`, default
+    /// [`DP4A_TOKENS`]).
+    dp4a_tokens: usize,
 }
+
+/// Default of [`CudaBackend`]'s `dp4a_tokens`. On an H200, 14336 x 4096
+/// (`perf_small_batches`), the dp4a kernel against the tensor-core path
+/// (tiled, split along K), in us: 2 tokens Q4_1 21 / 70, Q4_K 34 / 74,
+/// Q6_K 54 / 93; 4 tokens 33 / 70, 51 / 73, 64 / 94; at 8 tokens Q4_K is
+/// already faster on the tensor cores (73 / 85), at 16 every type.
+const DP4A_TOKENS: usize = 4;
 
 /// Default of [`CudaBackend`]'s `chunk`: a decode step of SmolLM2 or a 7B
 /// records 250-350 commands, so about six lists, each issued (as its own
@@ -337,6 +348,10 @@ impl CudaBackend {
             live: Arc::new(AtomicUsize::new(0)),
             producers,
             rope_func,
+            dp4a_tokens: std::env::var("DS4_CUDA_DP4A_TOKENS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(DP4A_TOKENS),
             chunk: std::env::var("DS4_CUDA_CHUNK")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -424,6 +439,12 @@ impl CudaBackend {
 
     pub fn tensor_cores(&self) -> bool {
         self.tensor_cores.load(Ordering::Relaxed)
+    }
+
+    /// Quantized batches of at most this many tokens take the dp4a kernel
+    /// even where tensor cores are on.
+    pub fn dp4a_tokens(&self) -> usize {
+        self.dp4a_tokens
     }
 
     /// The device's compute capability as `major * 10 + minor` (90: sm_90).
