@@ -336,6 +336,14 @@ pub trait Backend: Send + Sync {
     fn kv_pool(&self, cfg: KvPoolConfig) -> Result<Self::KvPool, BackendError>;
     /// How `pool` stores values (f16 with production numerics, f32 exact).
     fn kv_dtype(&self, pool: &Self::KvPool) -> KvDtype;
+    /// How the pools [`Backend::kv_pool`] makes store values (for sizing
+    /// blocks before any pool exists).
+    fn kv_pool_dtype(&self) -> KvDtype {
+        match self.numerics() {
+            Numerics::Production => KvDtype::F16,
+            Numerics::Exact => KvDtype::F32,
+        }
+    }
     /// Copy block `block` to host memory: for each layer, the keys
     /// (`[block_size, kv_dim]`) then the values, little-endian in the pool's
     /// dtype; `out` has [`KvPoolConfig::block_bytes`] bytes.

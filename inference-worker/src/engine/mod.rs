@@ -230,17 +230,13 @@ where
     }
     let layout = lm.model.kv_layout();
     let block_bytes = match layout {
-        Some(l) => {
-            let probe = lm.model.kv_pool(&lm.backend, cfg.block_size, 1)?;
-            let dtype = lm.backend.kv_dtype(&probe);
-            KvPoolConfig {
-                n_layer: l.n_layer,
-                kv_dim: l.kv_dim,
-                block_size: cfg.block_size,
-                n_blocks: 1,
-            }
-            .block_bytes(dtype) as u64
+        Some(l) => KvPoolConfig {
+            n_layer: l.n_layer,
+            kv_dim: l.kv_dim,
+            block_size: cfg.block_size,
+            n_blocks: 1,
         }
+        .block_bytes(lm.backend.kv_pool_dtype()) as u64,
         None => (lm.model.state_bytes_per_token() * cfg.block_size) as u64,
     };
     let scratch = lm

@@ -182,11 +182,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv_pool(&self, cfg: KvPoolConfig) -> Result<CpuKvPool, BackendError> {
-        let dtype = match self.numerics {
-            Numerics::Production => KvDtype::F16,
-            Numerics::Exact => KvDtype::F32,
-        };
-        Ok(CpuKvPool::new(cfg, dtype))
+        Ok(CpuKvPool::new(cfg, self.kv_pool_dtype()))
     }
 
     fn kv_dtype(&self, pool: &CpuKvPool) -> KvDtype {

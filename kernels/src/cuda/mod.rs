@@ -893,10 +893,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_pool(&self, cfg: KvPoolConfig) -> Result<CudaKvPool, BackendError> {
-        let dtype = match self.numerics {
-            Numerics::Production => KvDtype::F16,
-            Numerics::Exact => KvDtype::F32,
-        };
+        let dtype = self.kv_pool_dtype();
         let bytes = cfg
             .block_bytes(dtype)
             .checked_mul(cfg.n_blocks)
