@@ -85,13 +85,14 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
     let rows = rows_per_task(m);
     let bytes = w.bytes.as_slice();
     let mut panels = vec![0.0f32; m * n];
+    let prepared = quant::GemmAct::new(ty, k, &act);
     panels
         .par_chunks_mut(rows * n)
         .enumerate()
         .for_each(|(task, panel)| {
             let (base, len) = (task * rows, panel.len() / n);
             let w = &bytes[base * wrow..(base + len) * wrow];
-            quant::gemm(ty, k, w, &act, panel, len);
+            quant::gemm_with(ty, k, w, &prepared, panel, len);
         });
     // Output row r is the concatenation of every panel's row r.
     let gather = |(r, dst): (usize, &mut [f32])| {

@@ -24,6 +24,36 @@ use super::{quantize_row, vec_dot, vec_dot_x4, GgmlType, QuantError};
 /// If `k` is not whole blocks, `w` or `act` is not whole rows, or `out`
 /// (with row stride `ldo >= m`) is too short.
 pub fn gemm(ty: GgmlType, k: usize, w: &[u8], act: &[u8], out: &mut [f32], ldo: usize) {
+    gemm_with(ty, k, w, &GemmAct::new(ty, k, act), out, ldo);
+}
+
+/// Activation rows for several [`gemm_with`] calls over different weight
+/// rows of one matrix (a matmul split into tasks): what the tiled kernels
+/// derive from the rows (their transposed block scales) is made once here
+/// instead of once per call.
+pub struct GemmAct<'a> {
+    act: &'a [u8],
+    #[cfg(target_arch = "x86_64")]
+    scales: Option<super::gemm_x86::ActScales>,
+}
+
+impl<'a> GemmAct<'a> {
+    /// `act`: rows of `k` values in `ty.vec_dot_type()`, as [`gemm`] takes.
+    pub fn new(ty: GgmlType, k: usize, act: &'a [u8]) -> GemmAct<'a> {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (ty, k);
+        GemmAct {
+            act,
+            #[cfg(target_arch = "x86_64")]
+            scales: super::gemm_x86::ActScales::new(ty, k, act),
+        }
+    }
+}
+
+/// [`gemm`] over activation rows prepared by [`GemmAct::new`] (with the
+/// same `ty` and `k`).
+pub fn gemm_with(ty: GgmlType, k: usize, w: &[u8], a: &GemmAct, out: &mut [f32], ldo: usize) {
+    let act = a.act;
     let wrow = ty.row_bytes(k).expect("gemm: k is whole weight blocks");
     let arow = ty
         .vec_dot_type()
@@ -38,7 +68,7 @@ pub fn gemm(ty: GgmlType, k: usize, w: &[u8], act: &[u8], out: &mut [f32], ldo: 
         m <= ldo && (m == 0 || n == 0 || (n - 1) * ldo + m <= out.len()),
         "gemm: output too short"
     );
-    if tiled(ty, k, w, act, out, ldo) {
+    if tiled(ty, k, w, a, out, ldo) {
         return;
     }
     for (i, wi) in w.chunks_exact(wrow).enumerate() {
@@ -81,15 +111,17 @@ pub fn quantize_act_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(),
 }
 
 /// Runs a tiled kernel where one exists for `ty` on this CPU.
-fn tiled(ty: GgmlType, k: usize, w: &[u8], act: &[u8], out: &mut [f32], ldo: usize) -> bool {
+fn tiled(ty: GgmlType, k: usize, w: &[u8], a: &GemmAct, out: &mut [f32], ldo: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use super::gemm_x86::{self, Isa};
-        Isa::best().is_some_and(|isa| gemm_x86::gemm(isa, ty, k, w, act, out, ldo))
+        a.scales.as_ref().is_some_and(|s| {
+            Isa::best().is_some_and(|isa| gemm_x86::gemm(isa, ty, k, w, a.act, Some(s), out, ldo))
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (ty, k, w, act, out, ldo);
+        let _ = (ty, k, w, a, out, ldo);
         false
     }
 }
@@ -194,9 +226,18 @@ mod tests {
     /// [`gemm`], and each tiled kernel this CPU runs, called directly.
     fn runs() -> Vec<Run> {
         #[allow(unused_mut)]
-        let mut runs: Vec<Run> = vec![Box::new(|ty, k, w, act, out, ldo| {
-            gemm(ty, k, w, act, out, ldo)
-        })];
+        let mut runs: Vec<Run> = vec![
+            Box::new(gemm),
+            // One prepared activation shared by two calls, each over half
+            // of the weight rows (as a matmul's tasks share it).
+            Box::new(|ty, k, w, act, out, ldo| {
+                let wrow = ty.row_bytes(k).unwrap();
+                let half = w.len() / wrow / 2;
+                let prepared = GemmAct::new(ty, k, act);
+                gemm_with(ty, k, &w[..half * wrow], &prepared, out, ldo);
+                gemm_with(ty, k, &w[half * wrow..], &prepared, &mut out[half..], ldo);
+            }),
+        ];
         #[cfg(target_arch = "x86_64")]
         {
             use super::super::gemm_x86::{self, Isa};
@@ -206,7 +247,7 @@ mod tests {
                 }
                 runs.push(Box::new(move |ty, k, w, act, out, ldo| {
                     let tiled = matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0);
-                    let done = gemm_x86::gemm(isa, ty, k, w, act, out, ldo);
+                    let done = gemm_x86::gemm(isa, ty, k, w, act, None, out, ldo);
                     assert_eq!(done, tiled, "{isa:?} kernel for {ty}");
                     if !done {
                         gemm(ty, k, w, act, out, ldo);

@@ -94,6 +94,45 @@ fn f16_at(b: &[u8], off: usize) -> f32 {
     F16_TO_F32[u16::from_le_bytes([b[off], b[off + 1]]) as usize]
 }
 
+/// The activation block scales the tiled kernels read, transposed to
+/// `[nb][n]` (`da`; Q8_1's block sums `sa`, empty for Q8_0): made once
+/// per set of activation rows ([`ActScales::new`]) and shared by every
+/// [`gemm`] call over those rows.
+pub(super) struct ActScales {
+    da: Vec<f32>,
+    sa: Vec<f32>,
+    /// Activation rows and blocks per row they were made for.
+    n: usize,
+    nb: usize,
+}
+
+impl ActScales {
+    /// The scales of `act` (rows of `k` values in `ty`'s `vec_dot_type`),
+    /// or None where no tiled kernel takes `ty` or a length is wrong.
+    pub(super) fn new(ty: GgmlType, k: usize, act: &[u8]) -> Option<ActScales> {
+        let (q41, a_bytes) = match ty {
+            GgmlType::Q4_1 => (true, Q8_1_BYTES),
+            GgmlType::Q8_0 => (false, Q8_0_BYTES),
+            _ => return None,
+        };
+        let nb = k / 32;
+        if nb == 0 || !k.is_multiple_of(32) || !act.len().is_multiple_of(nb * a_bytes) {
+            return None;
+        }
+        let n = act.len() / (nb * a_bytes);
+        Some(ActScales {
+            da: scales_t(act, n, nb, a_bytes, 0),
+            sa: if q41 {
+                scales_t(act, n, nb, a_bytes, 2)
+            } else {
+                Vec::new()
+            },
+            n,
+            nb,
+        })
+    }
+}
+
 /// The f32 scales of `n` activation rows of `nb` blocks each, transposed
 /// to `[nb][n]`: field at byte `off` of each `bytes`-byte block.
 fn scales_t(act: &[u8], n: usize, nb: usize, bytes: usize, off: usize) -> Vec<f32> {
@@ -109,15 +148,18 @@ fn scales_t(act: &[u8], n: usize, nb: usize, bytes: usize, off: usize) -> Vec<f3
 
 /// `out[r * ldo + i] = vec_dot(ty, k, w row i, act row r)` on `isa` for
 /// every weight row `i` in `w` and activation row `r` in `act`, where `ty`
-/// is Q4_1 (× Q8_1) or Q8_0 (× Q8_0). Returns `false` (and writes
+/// is Q4_1 (× Q8_1) or Q8_0 (× Q8_0), with `act`'s scales from
+/// [`ActScales::new`] (made here when None). Returns `false` (and writes
 /// nothing) for other types, when the CPU lacks `isa`, or when a length
 /// is wrong.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn gemm(
     isa: Isa,
     ty: GgmlType,
     k: usize,
     w: &[u8],
     act: &[u8],
+    scales: Option<&ActScales>,
     out: &mut [f32],
     ldo: usize,
 ) -> bool {
@@ -135,19 +177,27 @@ pub(super) fn gemm(
     if w.len() != m * wrow || act.len() != n * arow || !out_fits(out.len(), m, n, ldo) {
         return false;
     }
-    let da = scales_t(act, n, nb, a_bytes, 0);
-    let sa = if q41 {
-        scales_t(act, n, nb, a_bytes, 2)
-    } else {
-        Vec::new()
+    let made;
+    let scales = match scales {
+        Some(s) => s,
+        None => match ActScales::new(ty, k, act) {
+            Some(s) => {
+                made = s;
+                &made
+            }
+            None => return false,
+        },
     };
+    if (scales.n, scales.nb) != (n, nb) {
+        return false;
+    }
     let p = Panel {
         w: w.as_ptr(),
         act: act.as_ptr(),
         nb,
         n,
-        da: &da,
-        sa: &sa,
+        da: &scales.da,
+        sa: &scales.sa,
     };
     // SAFETY: features checked by `available`; lengths checked above,
     // and `tiles` only reads rows < m, < n and blocks < nb.

@@ -30,7 +30,7 @@
 //! | `k_quants.rs`   | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K                   |
 //! | `iq2.rs`        | IQ2_XXS and its lattice tables                 |
 //! | `dot.rs`        | [`vec_dot`] and the run-time kernel choice     |
-//! | `gemm.rs`       | [`gemm()`]: weight rows × many activation rows |
+//! | `gemm.rs`       | [`gemm()`] ([`gemm_with`] over [`GemmAct`] rows prepared once): weight rows × many activation rows |
 //! | `simd_x86.rs`   | AVX2 dot kernels (`unsafe`)                    |
 //! | `gemm_x86.rs`   | tiled gemm kernels, AVX2 / VNNI (`unsafe`)     |
 
@@ -52,7 +52,7 @@ mod types;
 pub(crate) mod tests;
 
 pub use dot::{dot_isa, simd_dot_types, vec_dot, vec_dot_scalar, vec_dot_x4, DotIsa};
-pub use gemm::{gemm, quantize_act_row};
+pub use gemm::{gemm, gemm_with, quantize_act_row, GemmAct};
 pub use iq2::{IQ2XXS_GRID, KMASK_IQ2XS, KSIGNS_IQ2XS};
 pub use types::{GgmlType, QuantError};
 
