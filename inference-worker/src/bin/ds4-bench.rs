@@ -64,6 +64,12 @@ struct Cli {
     /// Engine: prompt tokens of each concurrent stream.
     #[arg(long, default_value_t = 64)]
     stream_prompt: usize,
+    /// Engine: run the whole --concurrency list this many times,
+    /// interleaved, and report each stream count's median (with the
+    /// slowest and fastest sweep): on a noisy machine a single sweep's
+    /// ratio follows the machine's mood of the moment.
+    #[arg(long, default_value_t = 1)]
+    sweeps: usize,
     /// Engine: a second request sharing a prefix of this many tokens with a
     /// finished one (cached tokens, TTFT against the cold request).
     #[arg(long)]
@@ -162,19 +168,31 @@ where
             &cli.concurrency,
             cli.stream_prompt,
             cli.gen,
+            cli.sweeps,
             &mut marker,
         )?;
         if cli.json {
             rows.iter().try_for_each(|r| print_json("concurrency", r))?;
         } else {
+            if cli.sweeps > 1 {
+                println!(
+                    "\n{} interleaved sweeps; medians, aggregate range in brackets",
+                    cli.sweeps
+                );
+            }
             println!(
                 "\n| streams | aggregate decode tok/s | per-stream decode tok/s | vs 1 stream |"
             );
             println!("| ---: | ---: | ---: | ---: |");
             for r in &rows {
                 let x = r.speedup.map_or("-".into(), |x| format!("{x:.2}x"));
+                let range = if r.sweeps > 1 {
+                    format!(" [{:.1}-{:.1}]", r.aggregate_min, r.aggregate_max)
+                } else {
+                    String::new()
+                };
                 println!(
-                    "| {} | {:.1} | {:.1} | {x} |",
+                    "| {} | {:.1}{range} | {:.1} | {x} |",
                     r.streams, r.aggregate_tps, r.per_stream_tps
                 );
             }
