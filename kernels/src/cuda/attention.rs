@@ -224,11 +224,8 @@ fn fuse_rope_store(
     use super::queue::Cmd;
     let rope = {
         let mut st = be.lock();
-        let mut back = 0;
-        while let Some(Cmd::Memset { .. } | Cmd::HtoD { .. }) = st.recent(back) {
-            back += 1;
-        }
-        let Some(Cmd::Launch { func, args, .. }) = st.recent(back) else {
+        let fresh = |c: &Cmd| matches!(c, Cmd::Memset { .. } | Cmd::HtoD { .. });
+        let Some((back, Cmd::Launch { func, args, .. })) = st.last_launch(fresh) else {
             return Ok(false);
         };
         // rope(x, y, pos, rows, cols, cols_y, head_dim, n_rot, base, scale, mode)
@@ -242,11 +239,7 @@ fn fuse_rope_store(
             return Ok(false);
         }
         let rope = *args;
-        let after: Vec<Cmd> = (0..back).filter_map(|_| st.pop_last()).collect();
-        st.pop_last().expect("the RoPE launch was just seen");
-        for c in after.into_iter().rev() {
-            st.push(c);
-        }
+        st.edit(back, |_| None);
         st.fused_rope_stores += 1;
         rope
     };

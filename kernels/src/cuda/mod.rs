@@ -390,13 +390,12 @@ impl CudaBackend {
             return false;
         }
         let mut st = self.lock();
-        let mut back = 0;
-        while let Some(Cmd::Memset { .. }) = st.recent(back) {
-            back += 1;
-        }
-        let Some(Cmd::Launch {
-            func, grid, args, ..
-        }) = st.recent(back)
+        let Some((
+            back,
+            Cmd::Launch {
+                func, grid, args, ..
+            },
+        )) = st.last_launch(|c| matches!(c, Cmd::Memset { .. }))
         else {
             return false;
         };
@@ -423,16 +422,13 @@ impl CudaBackend {
         if args[out_i] != x.ptr || args[fmt_i] != (-1i32).slot() || !shape_ok {
             return false;
         }
-        let memsets: Vec<Cmd> = (0..back).filter_map(|_| st.pop_last()).collect();
-        let mut producer = st.pop_last().expect("the producer was just seen");
-        if let Cmd::Launch { args, .. } = &mut producer {
-            args[fmt_i] = fmt.slot();
-            args[fmt_i + 1..fmt_i + 5].copy_from_slice(&q);
-        }
-        st.push(producer);
-        for m in memsets.into_iter().rev() {
-            st.push(m);
-        }
+        st.edit(back, |mut producer| {
+            if let Cmd::Launch { args, .. } = &mut producer {
+                args[fmt_i] = fmt.slot();
+                args[fmt_i + 1..fmt_i + 5].copy_from_slice(&q);
+            }
+            Some(producer)
+        });
         st.fused_quantizations += 1;
         true
     }

@@ -153,7 +153,7 @@ pub struct State {
     /// Hash of `cmds`, kept up to date as they are recorded.
     hash: u64,
     /// `hash` before each command of `cmds` was recorded (see
-    /// [`State::pop_last`]).
+    /// [`State::edit`]).
     hash_before: Vec<u64>,
     /// Tensors and uploads; reset when no tensor is alive.
     pub tensors: Region,
@@ -243,14 +243,37 @@ impl State {
         self.cmds.len()
     }
 
-    /// The recorded command `back` places before the last one (0: the
-    /// last), not issued yet.
-    pub fn recent(&self, back: usize) -> Option<&Cmd> {
-        self.cmds.iter().rev().nth(back)
+    /// The last recorded launch, looking past the trailing commands that
+    /// `skip` accepts (writes to fresh buffers, which the launch does not
+    /// touch): how many places before the last it is (0: the last), and
+    /// the launch. None when the first command not skipped is no launch.
+    pub fn last_launch(&self, skip: impl Fn(&Cmd) -> bool) -> Option<(usize, &Cmd)> {
+        let back = self.cmds.iter().rev().take_while(|c| skip(c)).count();
+        self.cmds
+            .iter()
+            .rev()
+            .nth(back)
+            .filter(|c| matches!(c, Cmd::Launch { .. }))
+            .map(|c| (back, c))
     }
 
-    /// Takes back the last recorded command (to record it again changed).
-    pub fn pop_last(&mut self) -> Option<Cmd> {
+    /// Rewrites the pending command `back` places before the last (0: the
+    /// last): `edit` gets it and returns what takes its place (None:
+    /// nothing). The commands after it stay, in order (the peephole
+    /// fusions of `CudaBackend` use this).
+    pub fn edit(&mut self, back: usize, edit: impl FnOnce(Cmd) -> Option<Cmd>) {
+        let after: Vec<Cmd> = (0..back).filter_map(|_| self.pop_last()).collect();
+        let c = self.pop_last().expect("a pending command that far back");
+        if let Some(c) = edit(c) {
+            self.push(c);
+        }
+        for c in after.into_iter().rev() {
+            self.push(c);
+        }
+    }
+
+    /// Takes back the last recorded command.
+    fn pop_last(&mut self) -> Option<Cmd> {
         let c = self.cmds.pop()?;
         self.hash = self.hash_before.pop().expect("one hash per command");
         Some(c)
