@@ -15,7 +15,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::elementwise::{axpy, dot_f32};
+use super::elementwise::{axpy, axpy_f16, dot_f16, dot_f32};
 use super::CpuTensor;
 use crate::backend::{AttentionConfig, BackendError, KvDtype, KvPoolConfig, KvSeq};
 
@@ -24,9 +24,6 @@ use crate::backend::{AttentionConfig, BackendError, KvDtype, KvPoolConfig, KvSeq
 pub struct CpuKvPool {
     cfg: KvPoolConfig,
     storage: Storage,
-    /// Per-sequence f32 copies of the cache, reused from call to call (a
-    /// fresh allocation per layer costs page faults and zero fills).
-    gathered: Vec<(Vec<f32>, Vec<f32>)>,
 }
 
 #[derive(Debug)]
@@ -41,11 +38,7 @@ impl CpuKvPool {
             KvDtype::F16 => Storage::F16((0..cfg.n_blocks).map(|_| None).collect()),
             KvDtype::F32 => Storage::F32((0..cfg.n_blocks).map(|_| None).collect()),
         };
-        CpuKvPool {
-            cfg,
-            storage,
-            gathered: Vec::new(),
-        }
+        CpuKvPool { cfg, storage }
     }
 
     pub fn config(&self) -> KvPoolConfig {
@@ -177,64 +170,51 @@ impl CpuKvPool {
         Ok(())
     }
 
-    /// Keys and values of layer `layer` for positions `0 .. n` of the
-    /// sequence with block table `blocks`, as f32 `[n, kv_dim]` each, into
-    /// the first `n * kv_dim` values of `keys` and `vals` (grown as needed):
-    /// one conversion per block (a block's slots are contiguous per layer).
-    fn gather(
+    /// The keys and the values of layer `layer` in each of `blocks`, in
+    /// place (`[block_size, kv_dim]` each); blocks never written read as
+    /// zeros.
+    fn layer_rows<'a, E: KvValue>(
         &self,
+        store: &'a [Option<Box<[E]>>],
+        zeros: &'a [E],
         layer: usize,
         blocks: &[u32],
-        n: usize,
-        keys: &mut Vec<f32>,
-        vals: &mut Vec<f32>,
-    ) {
-        let (bs, d) = (self.cfg.block_size, self.cfg.kv_dim);
-        for buf in [&mut *keys, &mut *vals] {
-            if buf.len() < n * d {
-                buf.resize(n * d, 0.0);
-            }
-        }
+    ) -> Vec<(&'a [E], &'a [E])> {
+        let len = self.cfg.block_size * self.cfg.kv_dim;
         let (ko, vo) = (self.offset(layer, false, 0), self.offset(layer, true, 0));
-        for (i, (kd, vd)) in keys[..n * d]
-            .chunks_mut(bs * d)
-            .zip(vals[..n * d].chunks_mut(bs * d))
-            .enumerate()
-        {
-            let len = kd.len();
-            match &self.storage {
-                Storage::F16(store) => match &store[blocks[i] as usize] {
-                    Some(b) => {
-                        to_f32(&b[ko..ko + len], kd);
-                        to_f32(&b[vo..vo + len], vd);
-                    }
-                    None => {
-                        kd.fill(0.0);
-                        vd.fill(0.0);
-                    }
-                },
-                Storage::F32(store) => match &store[blocks[i] as usize] {
-                    Some(b) => {
-                        kd.copy_from_slice(&b[ko..ko + len]);
-                        vd.copy_from_slice(&b[vo..vo + len]);
-                    }
-                    None => {
-                        kd.fill(0.0);
-                        vd.fill(0.0);
-                    }
-                },
-            }
-        }
+        blocks
+            .iter()
+            .map(|&b| match &store[b as usize] {
+                Some(d) => (&d[ko..ko + len], &d[vo..vo + len]),
+                None => (zeros, zeros),
+            })
+            .collect()
     }
 }
 
-/// Exact f16 to f32 conversion of a slice, in hardware where the CPU can.
-fn to_f32(src: &[f16], dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::has_f16c() {
-        return super::simd::f16_to_f32(src, dst);
+/// A type the pool stores values in: attention reads them in place, each
+/// converted exactly to f32 as it is used.
+trait KvValue: Copy + Default + Send + Sync {
+    fn dot(q: &[f32], k: &[Self]) -> f32;
+    fn axpy(dst: &mut [f32], w: f32, v: &[Self]);
+}
+
+impl KvValue for f32 {
+    fn dot(q: &[f32], k: &[f32]) -> f32 {
+        dot_f32(q, k)
     }
-    src.convert_to_f32_slice(dst);
+    fn axpy(dst: &mut [f32], w: f32, v: &[f32]) {
+        axpy(dst, w, v)
+    }
+}
+
+impl KvValue for f16 {
+    fn dot(q: &[f32], k: &[f16]) -> f32 {
+        dot_f16(q, k)
+    }
+    fn axpy(dst: &mut [f32], w: f32, v: &[f16]) {
+        axpy_f16(dst, w, v)
+    }
 }
 
 fn shape_error(detail: String) -> BackendError {
@@ -295,18 +275,35 @@ pub fn attention(
             pool.store(layer, seq.blocks, seq.pos + i, k.row(r), v.row(r))?;
         }
     }
-    let group = cfg.n_head / cfg.n_head_kv;
-    // Each sequence's cached keys and values as f32, once for all its rows
-    // and heads.
-    let mut cached = std::mem::take(&mut pool.gathered);
-    if cached.len() < seqs.len() {
-        cached.resize_with(seqs.len(), Default::default);
+    match &pool.storage {
+        Storage::F16(store) => attend(pool, store, q, layer, seqs, &row_seq, cfg, out),
+        Storage::F32(store) => attend(pool, store, q, layer, seqs, &row_seq, cfg, out),
     }
-    let pool_ref = &*pool;
-    cached
-        .par_iter_mut()
-        .zip(seqs)
-        .for_each(|((k, v), seq)| pool_ref.gather(layer, seq.blocks, seq.pos + seq.n_rows, k, v));
+    Ok(())
+}
+
+/// Every row of `q` against the cached keys and values of its sequence,
+/// read in place from the pool's blocks `store`; `row_seq` gives each
+/// row's sequence and position. One task per row and KV head.
+#[allow(clippy::too_many_arguments)]
+fn attend<E: KvValue>(
+    pool: &CpuKvPool,
+    store: &[Option<Box<[E]>>],
+    q: &CpuTensor,
+    layer: usize,
+    seqs: &[KvSeq<'_>],
+    row_seq: &[Option<(usize, usize)>],
+    cfg: &AttentionConfig,
+    out: &mut CpuTensor,
+) {
+    let (hd, bs) = (cfg.head_dim, pool.cfg.block_size);
+    let kv_dim = cfg.n_head_kv * hd;
+    let group = cfg.n_head / cfg.n_head_kv;
+    let zeros = vec![E::default(); bs * kv_dim];
+    let rows: Vec<_> = seqs
+        .iter()
+        .map(|seq| pool.layer_rows(store, &zeros, layer, seq.blocks))
+        .collect();
     out.data
         .par_chunks_mut(group * hd)
         .enumerate()
@@ -317,15 +314,20 @@ pub fn attention(
                 dst.fill(0.0);
                 return;
             };
-            let (keys, vals) = &cached[s];
-            let at = |t: usize| t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd;
+            let blocks = &rows[s];
+            // Position t's key or value row of this KV head.
+            let at = |t: usize, values: bool| {
+                let (k, v) = blocks[t / bs];
+                let o = (t % bs) * kv_dim + kvh * hd;
+                &(if values { v } else { k })[o..o + hd]
+            };
             let n = pos + 1;
             let mut scores = vec![0.0f32; n];
             for (g, dst) in dst.chunks_exact_mut(hd).enumerate() {
                 let h = kvh * group + g;
                 let qh = &q.data[r * q.cols + h * hd..r * q.cols + (h + 1) * hd];
                 for (t, s) in scores.iter_mut().enumerate() {
-                    *s = dot_f32(qh, &keys[at(t)]) * cfg.scale;
+                    *s = E::dot(qh, at(t, false)) * cfg.scale;
                 }
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0.0f32;
@@ -335,10 +337,8 @@ pub fn attention(
                 }
                 dst.fill(0.0);
                 for (t, &p) in scores.iter().enumerate() {
-                    axpy(dst, p / sum, &vals[at(t)]);
+                    E::axpy(dst, p / sum, at(t, true));
                 }
             }
         });
-    pool.gathered = cached;
-    Ok(())
 }

@@ -1,6 +1,7 @@
 //! Element-wise and row-wise CPU ops: embedding gather, RMSNorm, SwiGLU,
 //! residual add, bias add.
 
+use half::f16;
 use rayon::prelude::*;
 
 use super::{CpuTensor, CpuWeight};
@@ -113,6 +114,41 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32
+}
+
+/// [`dot_f32`] of `a` with f16 values `b`, each converted exactly: the
+/// same lanes and sums, so the same result as converting `b` first.
+pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| f64::from(x * y.to_f32()))
+        .sum();
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_f16c() {
+        lanes = super::simd::dot_lanes_f16(a, b);
+        return (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32;
+    }
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l].to_f32();
+        }
+    }
+    (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32
+}
+
+/// [`axpy`] with f16 values `x`, each converted exactly.
+pub fn axpy_f16(dst: &mut [f32], w: f32, x: &[f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_f16c() {
+        return super::simd::axpy_f16(dst, w, x);
+    }
+    for (d, v) in dst.iter_mut().zip(x) {
+        *d += w * v.to_f32();
+    }
 }
 
 /// `dst[i] += w * x[i]`, a multiply then an add per element.
