@@ -193,27 +193,66 @@ impl CpuKvPool {
 }
 
 /// A type the pool stores values in: attention reads them in place, each
-/// converted exactly to f32 as it is used.
+/// converted exactly to f32 as it is used. Both methods give the same bits
+/// as `dot_f32` and `axpy` over the converted rows; where the CPU has the
+/// vector kernels (`attention_rows` in `simd.rs`) they run those.
 trait KvValue: Copy + Default + Send + Sync {
-    fn dot(q: &[f32], k: &[Self]) -> f32;
-    fn axpy(dst: &mut [f32], w: f32, v: &[Self]);
+    /// `scores[t] = dot(q, rows(t)) * scale`.
+    fn dots<'a>(q: &[f32], rows: impl Fn(usize) -> &'a [Self], scale: f32, scores: &mut [f32])
+    where
+        Self: 'a;
+
+    /// `dst = 0`, then `axpy(dst, w[t], rows(t))` for every `t` in order.
+    fn weighted_sum<'a>(dst: &mut [f32], w: &[f32], rows: impl Fn(usize) -> &'a [Self])
+    where
+        Self: 'a;
 }
 
 impl KvValue for f32 {
-    fn dot(q: &[f32], k: &[f32]) -> f32 {
-        dot_f32(q, k)
+    fn dots<'a>(q: &[f32], rows: impl Fn(usize) -> &'a [f32], scale: f32, scores: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::dots_f32(q, &rows, scale, scores) {
+            return;
+        }
+        for (t, s) in scores.iter_mut().enumerate() {
+            *s = dot_f32(q, &rows(t)[..q.len()]) * scale;
+        }
     }
-    fn axpy(dst: &mut [f32], w: f32, v: &[f32]) {
-        axpy(dst, w, v)
+
+    fn weighted_sum<'a>(dst: &mut [f32], w: &[f32], rows: impl Fn(usize) -> &'a [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::weighted_sum_f32(dst, w, &rows) {
+            return;
+        }
+        dst.fill(0.0);
+        let hd = dst.len();
+        for (t, &wt) in w.iter().enumerate() {
+            axpy(dst, wt, &rows(t)[..hd]);
+        }
     }
 }
 
 impl KvValue for f16 {
-    fn dot(q: &[f32], k: &[f16]) -> f32 {
-        dot_f16(q, k)
+    fn dots<'a>(q: &[f32], rows: impl Fn(usize) -> &'a [f16], scale: f32, scores: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::dots_f16(q, &rows, scale, scores) {
+            return;
+        }
+        for (t, s) in scores.iter_mut().enumerate() {
+            *s = dot_f16(q, &rows(t)[..q.len()]) * scale;
+        }
     }
-    fn axpy(dst: &mut [f32], w: f32, v: &[f16]) {
-        axpy_f16(dst, w, v)
+
+    fn weighted_sum<'a>(dst: &mut [f32], w: &[f32], rows: impl Fn(usize) -> &'a [f16]) {
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::weighted_sum_f16(dst, w, &rows) {
+            return;
+        }
+        dst.fill(0.0);
+        let hd = dst.len();
+        for (t, &wt) in w.iter().enumerate() {
+            axpy_f16(dst, wt, &rows(t)[..hd]);
+        }
     }
 }
 
@@ -326,19 +365,18 @@ fn attend<E: KvValue>(
             for (g, dst) in dst.chunks_exact_mut(hd).enumerate() {
                 let h = kvh * group + g;
                 let qh = &q.data[r * q.cols + h * hd..r * q.cols + (h + 1) * hd];
-                for (t, s) in scores.iter_mut().enumerate() {
-                    *s = E::dot(qh, at(t, false)) * cfg.scale;
-                }
+                E::dots(qh, |t| at(t, false), cfg.scale, &mut scores);
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0.0f32;
                 for s in &mut scores {
                     *s = (*s - max).exp();
                     sum += *s;
                 }
-                dst.fill(0.0);
-                for (t, &p) in scores.iter().enumerate() {
-                    E::axpy(dst, p / sum, at(t, true));
+                // The probabilities, as each value row's weight.
+                for s in &mut scores {
+                    *s /= sum;
                 }
+                E::weighted_sum(dst, &scores, |t| at(t, true));
             }
         });
 }

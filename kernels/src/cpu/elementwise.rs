@@ -106,13 +106,19 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::simd::has_avx() {
         lanes = super::simd::dot_lanes(a, b);
-        return (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32;
+        return sum_lanes(&lanes, tail);
     }
     for (x, y) in ca.zip(cb) {
         for l in 0..8 {
             lanes[l] += x[l] * y[l];
         }
     }
+    sum_lanes(&lanes, tail)
+}
+
+/// How [`dot_f32`] ends: its lanes summed in f64, in order, plus the f64
+/// sum of the products past the last whole chunk of 8.
+pub(super) fn sum_lanes(lanes: &[f32; 8], tail: f64) -> f32 {
     (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32
 }
 
@@ -130,14 +136,14 @@ pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::simd::has_f16c() {
         lanes = super::simd::dot_lanes_f16(a, b);
-        return (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32;
+        return sum_lanes(&lanes, tail);
     }
     for (x, y) in ca.zip(cb) {
         for l in 0..8 {
             lanes[l] += x[l] * y[l].to_f32();
         }
     }
-    (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32
+    sum_lanes(&lanes, tail)
 }
 
 /// [`axpy`] with f16 values `x`, each converted exactly.

@@ -135,6 +135,176 @@ unsafe fn axpy_avx(dst: *mut f32, w: f32, x: *const f32, n: usize) {
     }
 }
 
+/// Generates the attention row kernels for one stored value type: `$dots`
+/// (scores against every cached key row) and `$wsum` (the
+/// probability-weighted sum of the value rows): with `@kernels`, the
+/// `unsafe` kernels for `$features`, loading 8 values at `$p` as f32 with
+/// `$load`; without, the safe wrappers that check `$available` first.
+macro_rules! attention_rows {
+    ($dots:ident, $wsum:ident, $t:ty, $available:expr) => {
+        /// Runs the kernel below and returns true where the CPU has its
+        /// features and `q.len() % 64 == 0`; else does nothing.
+        pub fn $dots<'a>(
+            q: &[f32],
+            rows: &impl Fn(usize) -> &'a [$t],
+            scale: f32,
+            scores: &mut [f32],
+        ) -> bool {
+            let run = $available && q.len().is_multiple_of(64);
+            if run {
+                // SAFETY: the features were just checked.
+                unsafe { kernels::$dots(q, rows, scale, scores) };
+            }
+            run
+        }
+
+        /// Runs the kernel below and returns true where the CPU has its
+        /// features and `dst.len() % 64 == 0`; else does nothing.
+        pub fn $wsum<'a>(dst: &mut [f32], w: &[f32], rows: &impl Fn(usize) -> &'a [$t]) -> bool {
+            let run = $available && dst.len().is_multiple_of(64);
+            if run {
+                // SAFETY: the features were just checked.
+                unsafe { kernels::$wsum(dst, w, rows) };
+            }
+            run
+        }
+    };
+    (@kernels $dots:ident, $wsum:ident, $lanes:ident, $t:ty, $features:literal, |$p:ident| $load:expr) => {
+        /// The 8 lanes of `q . k` over `q`'s whole chunks of 8 (each a
+        /// multiply then an add per chunk); `k` at least as long. (A
+        /// function, not a closure, so that it has the features.)
+        ///
+        /// # Safety
+        /// The CPU has `$features`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $lanes(q: &[f32], k: &[$t]) -> __m256 {
+            let hd = q.len() / 8 * 8;
+            let k = &k[..hd];
+            let mut acc = _mm256_setzero_ps();
+            let mut i = 0;
+            while i < hd {
+                // SAFETY: i + 8 <= hd, within q and k.
+                let (x, y) = unsafe {
+                    let $p = k.as_ptr().add(i);
+                    (_mm256_loadu_ps(q.as_ptr().add(i)), $load)
+                };
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
+                i += 8;
+            }
+            acc
+        }
+
+        /// `scores[t] = dot(q, rows(t)) * scale`, each dot as
+        /// `elementwise::dot_f32` computes it (8 lanes of a multiply then
+        /// an add, the lanes summed in f64 by `elementwise::sum_lanes`);
+        /// `q.len() % 8 == 0`.
+        ///
+        /// # Safety
+        /// The CPU has `$features`.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $dots<'a>(
+            q: &[f32],
+            rows: &impl Fn(usize) -> &'a [$t],
+            scale: f32,
+            scores: &mut [f32],
+        ) {
+            let hd = q.len() / 8 * 8;
+            let q = &q[..hd];
+            // `sum_lanes` of four dots at once: their lanes transposed into
+            // eight f64 vectors (lane k of each dot) and added in lane order
+            // from the empty sum's start, then the (empty) tail added:
+            // the same additions on the same values.
+            let (start, tail): (f64, f64) = (
+                std::iter::empty::<f64>().sum(),
+                std::iter::empty::<f64>().sum(),
+            );
+            let n4 = scores.len() / 4 * 4;
+            for t in (0..n4).step_by(4) {
+                // SAFETY (all four): the features of this function.
+                let (a, b, c, d) = unsafe {
+                    (
+                        $lanes(q, rows(t)),
+                        $lanes(q, rows(t + 1)),
+                        $lanes(q, rows(t + 2)),
+                        $lanes(q, rows(t + 3)),
+                    )
+                };
+                let (ab_lo, ab_hi) = (_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+                let (cd_lo, cd_hi) = (_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+                // u[k]: lane k of a, b, c, d (low half), lane k + 4 (high).
+                let u = [
+                    _mm256_shuffle_ps::<0x44>(ab_lo, cd_lo),
+                    _mm256_shuffle_ps::<0xEE>(ab_lo, cd_lo),
+                    _mm256_shuffle_ps::<0x44>(ab_hi, cd_hi),
+                    _mm256_shuffle_ps::<0xEE>(ab_hi, cd_hi),
+                ];
+                let mut sum = _mm256_set1_pd(start);
+                for v in u {
+                    sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+                }
+                for v in u {
+                    sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
+                }
+                sum = _mm256_add_pd(sum, _mm256_set1_pd(tail));
+                let dots = _mm_mul_ps(_mm256_cvtpd_ps(sum), _mm_set1_ps(scale));
+                // SAFETY: t + 4 <= n4 <= scores.len().
+                unsafe { _mm_storeu_ps(scores.as_mut_ptr().add(t), dots) };
+            }
+            for (t, s) in scores.iter_mut().enumerate().skip(n4) {
+                let mut l = [0.0f32; 8];
+                // SAFETY: `l` holds 8 floats; the features of this function.
+                unsafe { _mm256_storeu_ps(l.as_mut_ptr(), $lanes(q, rows(t))) };
+                *s = crate::cpu::elementwise::sum_lanes(&l, tail) * scale;
+            }
+        }
+
+        /// `dst = sum over t of w[t] * rows(t)`, in order of `t`, each step
+        /// a multiply then an add per value (repeated [`axpy`] onto
+        /// zeros), 64 values at a time in registers; `dst.len() % 64 == 0`.
+        ///
+        /// # Safety
+        /// The CPU has `$features`.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $wsum<'a>(dst: &mut [f32], w: &[f32], rows: &impl Fn(usize) -> &'a [$t]) {
+            for c in (0..dst.len() / 64 * 64).step_by(64) {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for (t, &wt) in w.iter().enumerate() {
+                    let v = &rows(t)[c..c + 64];
+                    let wv = _mm256_set1_ps(wt);
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: 8 * k + 8 <= 64 values of v.
+                        let x = unsafe {
+                            let $p = v.as_ptr().add(8 * k);
+                            $load
+                        };
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(wv, x));
+                    }
+                }
+                for (k, a) in acc.iter().enumerate() {
+                    // SAFETY: c + 8 * k + 8 <= dst.len().
+                    unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(c + 8 * k), *a) };
+                }
+            }
+        }
+    };
+}
+
+/// The `unsafe` kernels behind the checked wrappers.
+mod kernels {
+    use std::arch::x86_64::*;
+
+    attention_rows!(@kernels dots_f32, weighted_sum_f32, lanes_f32, f32, "avx", |p| {
+        _mm256_loadu_ps(p)
+    });
+    attention_rows!(@kernels dots_f16, weighted_sum_f16, lanes_f16, half::f16, "avx,f16c", |p| {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>()))
+    });
+}
+
+attention_rows!(dots_f32, weighted_sum_f32, f32, has_avx());
+attention_rows!(dots_f16, weighted_sum_f16, half::f16, has_f16c());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +380,44 @@ mod tests {
                     "dot {h:?}: {g}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn attention_row_kernels_are_bit_identical_to_dot_and_axpy() {
+        use super::super::elementwise::{axpy_f16, dot_f16};
+        if !has_f16c() {
+            return;
+        }
+        for hd in [64, 128] {
+            let n = 37;
+            let q = values(hd, 7);
+            let rows32: Vec<Vec<f32>> = (0..n).map(|t| values(hd + 8, 10 + t as u32)).collect();
+            let rows16: Vec<Vec<half::f16>> = rows32
+                .iter()
+                .map(|r| r.iter().map(|&v| half::f16::from_f32(v)).collect())
+                .collect();
+            let w = values(n, 8);
+            let (mut s32, mut s16) = (vec![0.0f32; n], vec![0.0f32; n]);
+            assert!(dots_f32(&q, &|t| &rows32[t][..], 0.125, &mut s32));
+            assert!(dots_f16(&q, &|t| &rows16[t][..], 0.125, &mut s16));
+            for t in 0..n {
+                let want32 = super::super::elementwise::dot_f32(&q, &rows32[t][..hd]) * 0.125;
+                let want16 = dot_f16(&q, &rows16[t][..hd]) * 0.125;
+                assert_eq!(s32[t].to_bits(), want32.to_bits(), "hd {hd} t {t}");
+                assert_eq!(s16[t].to_bits(), want16.to_bits(), "hd {hd} t {t}");
+            }
+            let (mut got32, mut got16) = (vec![0.0f32; hd], vec![0.0f32; hd]);
+            let (mut want32, mut want16) = (vec![0.0f32; hd], vec![0.0f32; hd]);
+            assert!(weighted_sum_f32(&mut got32, &w, &|t| &rows32[t][..]));
+            assert!(weighted_sum_f16(&mut got16, &w, &|t| &rows16[t][..]));
+            for t in 0..n {
+                axpy(&mut want32, w[t], &rows32[t][..hd]);
+                axpy_f16(&mut want16, w[t], &rows16[t][..hd]);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got32), bits(&want32), "hd {hd}");
+            assert_eq!(bits(&got16), bits(&want16), "hd {hd}");
         }
     }
 
