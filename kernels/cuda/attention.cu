@@ -259,9 +259,8 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
 #pragma unroll
         for (int i = 0; i < MAXD; i++) acc[i] *= corr;
         int n = min(32, t1 - tb);
-        // Unrolled so that several positions' value loads are in flight.
-#pragma unroll 8
-        for (int j = 0; j < n; j++) {
+        // Position j's value row, weighted, into acc.
+        auto add_row = [&](int j) {
             float pj = __shfl_sync(FULL_MASK, p, j);
             u64 oj = __shfl_sync(FULL_MASK, off, j);
             const E* vp = pool + oj + (u64)bs * kv_dim;
@@ -270,6 +269,34 @@ __device__ __forceinline__ void attn_part(const float* q, const E* pool, const u
                 int d = lane + 32 * i;
                 if (d < hd) acc[i] += pj * kv_ld(vp + d);
             }
+        };
+        // Unrolled so that several positions' value loads are in flight:
+        // a whole tile (heads of up to 128 values) loads 16 rows before
+        // adding any (the same additions in the same order), else 8.
+        if (MAXD <= 4 && n == 32) {
+#pragma unroll
+            for (int j0 = 0; j0 < 32; j0 += 16) {
+                float v[16][MAXD];
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const E* vp = pool + __shfl_sync(FULL_MASK, off, j0 + j) + (u64)bs * kv_dim;
+#pragma unroll
+                    for (int i = 0; i < MAXD; i++) {
+                        int d = lane + 32 * i;
+                        v[j][i] = d < hd ? kv_ld(vp + d) : 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    float pj = __shfl_sync(FULL_MASK, p, j0 + j);
+#pragma unroll
+                    for (int i = 0; i < MAXD; i++)
+                        if (lane + 32 * i < hd) acc[i] += pj * v[j][i];
+                }
+            }
+        } else {
+#pragma unroll 8
+            for (int j = 0; j < n; j++) add_row(j);
         }
         m = m_new;
     }
