@@ -208,53 +208,43 @@ trait KvValue: Copy + Default + Send + Sync {
         Self: 'a;
 }
 
-impl KvValue for f32 {
-    fn dots<'a>(q: &[f32], rows: impl Fn(usize) -> &'a [f32], scale: f32, scores: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if super::simd::dots_f32(q, &rows, scale, scores) {
-            return;
-        }
-        for (t, s) in scores.iter_mut().enumerate() {
-            *s = dot_f32(q, &rows(t)[..q.len()]) * scale;
-        }
-    }
+/// `KvValue` for `$t`: the vector kernels `$dots` and `$wsum` of `simd.rs`
+/// where the CPU runs them, else `$dot` and `$axpy` row by row.
+macro_rules! kv_value {
+    ($t:ty, $dot:ident, $axpy:ident, $dots:ident, $wsum:ident) => {
+        impl KvValue for $t {
+            fn dots<'a>(
+                q: &[f32],
+                rows: impl Fn(usize) -> &'a [$t],
+                scale: f32,
+                scores: &mut [f32],
+            ) {
+                #[cfg(target_arch = "x86_64")]
+                if super::simd::$dots(q, &rows, scale, scores) {
+                    return;
+                }
+                for (t, s) in scores.iter_mut().enumerate() {
+                    *s = $dot(q, &rows(t)[..q.len()]) * scale;
+                }
+            }
 
-    fn weighted_sum<'a>(dst: &mut [f32], w: &[f32], rows: impl Fn(usize) -> &'a [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if super::simd::weighted_sum_f32(dst, w, &rows) {
-            return;
+            fn weighted_sum<'a>(dst: &mut [f32], w: &[f32], rows: impl Fn(usize) -> &'a [$t]) {
+                #[cfg(target_arch = "x86_64")]
+                if super::simd::$wsum(dst, w, &rows) {
+                    return;
+                }
+                dst.fill(0.0);
+                let hd = dst.len();
+                for (t, &wt) in w.iter().enumerate() {
+                    $axpy(dst, wt, &rows(t)[..hd]);
+                }
+            }
         }
-        dst.fill(0.0);
-        let hd = dst.len();
-        for (t, &wt) in w.iter().enumerate() {
-            axpy(dst, wt, &rows(t)[..hd]);
-        }
-    }
+    };
 }
 
-impl KvValue for f16 {
-    fn dots<'a>(q: &[f32], rows: impl Fn(usize) -> &'a [f16], scale: f32, scores: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if super::simd::dots_f16(q, &rows, scale, scores) {
-            return;
-        }
-        for (t, s) in scores.iter_mut().enumerate() {
-            *s = dot_f16(q, &rows(t)[..q.len()]) * scale;
-        }
-    }
-
-    fn weighted_sum<'a>(dst: &mut [f32], w: &[f32], rows: impl Fn(usize) -> &'a [f16]) {
-        #[cfg(target_arch = "x86_64")]
-        if super::simd::weighted_sum_f16(dst, w, &rows) {
-            return;
-        }
-        dst.fill(0.0);
-        let hd = dst.len();
-        for (t, &wt) in w.iter().enumerate() {
-            axpy_f16(dst, wt, &rows(t)[..hd]);
-        }
-    }
-}
+kv_value!(f32, dot_f32, axpy, dots_f32, weighted_sum_f32);
+kv_value!(f16, dot_f16, axpy_f16, dots_f16, weighted_sum_f16);
 
 fn shape_error(detail: String) -> BackendError {
     BackendError::Shape {

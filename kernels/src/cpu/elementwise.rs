@@ -95,24 +95,55 @@ pub fn add_bias(x: &mut CpuTensor, bias: &[f32]) {
 /// f32 dot product in eight independent lanes (so it vectorizes), the
 /// lanes summed in f64.
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
+    #[cfg(target_arch = "x86_64")]
+    let lanes = super::simd::has_avx().then_some(super::simd::dot_lanes as LanesFn<f32>);
+    #[cfg(not(target_arch = "x86_64"))]
+    let lanes = None;
+    dot_by(a, b, |v| v, lanes)
+}
+
+/// [`dot_f32`] of `a` with f16 values `b`, each converted exactly: the
+/// same lanes and sums, so the same result as converting `b` first.
+pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    let lanes = super::simd::has_f16c().then_some(super::simd::dot_lanes_f16 as LanesFn<f16>);
+    #[cfg(not(target_arch = "x86_64"))]
+    let lanes = None;
+    dot_by(a, b, f16::to_f32, lanes)
+}
+
+/// A vector kernel giving the 8 lanes of a dot over whole chunks of 8.
+type LanesFn<T> = fn(&[f32], &[T]) -> [f32; 8];
+
+/// The dot of `a` with `b` converted by `to_f32`: lane `l` sums the
+/// products of elements `8i + l` (by `lanes` where given, which computes
+/// the same), then [`sum_lanes`] with the products past the last whole
+/// chunk of 8.
+fn dot_by<T: Copy>(
+    a: &[f32],
+    b: &[T],
+    to_f32: impl Fn(T) -> f32,
+    lanes: Option<LanesFn<T>>,
+) -> f32 {
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f64 = ca
         .remainder()
         .iter()
         .zip(cb.remainder())
-        .map(|(x, y)| f64::from(x * y))
+        .map(|(x, &y)| f64::from(x * to_f32(y)))
         .sum();
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx() {
-        lanes = super::simd::dot_lanes(a, b);
-        return sum_lanes(&lanes, tail);
-    }
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
-        }
-    }
+    let lanes = lanes.map_or_else(
+        || {
+            let mut l = [0.0f32; 8];
+            for (x, y) in ca.zip(cb) {
+                for i in 0..8 {
+                    l[i] += x[i] * to_f32(y[i]);
+                }
+            }
+            l
+        },
+        |k| k(a, b),
+    );
     sum_lanes(&lanes, tail)
 }
 
@@ -120,30 +151,6 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// sum of the products past the last whole chunk of 8.
 pub(super) fn sum_lanes(lanes: &[f32; 8], tail: f64) -> f32 {
     (lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + tail) as f32
-}
-
-/// [`dot_f32`] of `a` with f16 values `b`, each converted exactly: the
-/// same lanes and sums, so the same result as converting `b` first.
-pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f64 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| f64::from(x * y.to_f32()))
-        .sum();
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::has_f16c() {
-        lanes = super::simd::dot_lanes_f16(a, b);
-        return sum_lanes(&lanes, tail);
-    }
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l].to_f32();
-        }
-    }
-    sum_lanes(&lanes, tail)
 }
 
 /// [`axpy`] with f16 values `x`, each converted exactly.
