@@ -388,6 +388,100 @@ extern "C" __global__ void __launch_bounds__(128, 6) mvr2_q4_k16(MV_PARAMS) {
     mv_q4k_w<2, 2>(W, rb, aq, ad, bs, out, n_out, n_in, bias, bx);
 }
 
+// Q4_K, a few tokens (several decode streams), weights 16-byte aligned:
+// mv_q4k_w's layout (a warp per R rows, lanes over the rows' 16-byte
+// units, U units of each row loaded before any is used), each unit dotted
+// against NT tokens, its scales unpacked once for all of them. A lane
+// keeps a float partial sum per (row, token), the unit's exact integer
+// dots scaled by combine (the CPU's formula); the warp adds the lanes'
+// sums at the end, so only the float order over units differs from the
+// CPU. grid = (ceil(n_out / (4 * R)), ceil(n_tok / NT)), 128 threads.
+template <int NT>
+__device__ __forceinline__ void mvt_q4k(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
+                                        const int* bs, float* out, int n_out, int n_in, int n_tok) {
+    constexpr int R = 2, U = 2;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int row0 = (blockIdx.x * 4 + warp) * R;
+    int t0 = blockIdx.y * NT;
+    const u8* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = W + (u64)min(row0 + r, n_out - 1) * row_bytes;
+    pdl_wait();
+    if (row0 >= n_out) return;
+    int nu = n_in / 32, nab = n_in / 32, nbs = n_in / 16;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    for (int base = 0; base < nu; base += 32 * U) {
+        uint4 w[R][U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int e = base + 32 * u + lane;
+            int b = e / 8, k = (e % 8) / 2, h = e % 2;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                w[r][u] = e < nu ? *(const uint4*)(wr[r] + (u64)b * 144 + 16 + 32 * k + 16 * h) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int e = base + 32 * u + lane;
+            if (e >= nu) continue;
+            int b = e / 8, k = (e % 8) / 2, h = e % 2;
+            int c0 = 8 * b + 2 * k;
+            int sc0[R], mn0[R], sc1[R], mn1[R];
+            u32 hdr[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const u8* blk = wr[r] + (u64)b * 144;
+                k4_scale_min(blk + 4, 2 * k, sc0[r], mn0[r]);
+                k4_scale_min(blk + 4, 2 * k + 1, sc1[r], mn1[r]);
+                hdr[r] = TQ4_K::hdr(blk);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int tok = t0 + t;
+                if (tok >= n_tok) break;  // uniform over the warp
+                const i8* at = aq + (u64)tok * n_in;
+                int4 a0 = *(const int4*)(at + 32 * (u64)c0 + 16 * h);
+                int4 a1 = *(const int4*)(at + 32 * (u64)(c0 + 1) + 16 * h);
+                const int* bt = bs + (u64)tok * nbs;
+                int bs0 = bt[2 * c0 + h], bs1 = bt[2 * (c0 + 1) + h];
+                float adb = ad[(u64)tok * nab + b];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int d0, d1;
+                    q4k16_dots(w[r][u], a0, a1, d0, d1);
+                    int isum = sc0[r] * d0 + sc1[r] * d1;
+                    int summs = mn0[r] * bs0 + mn1[r] * bs1;
+                    acc[r][t] += TQ4_K::combine_h(hdr[r], isum, summs, adb, 0.0f);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = warp_sum(acc[r][t]);
+            int row = row0 + r, tok = t0 + t;
+            if (lane == 0 && row < n_out && tok < n_tok) out[(u64)tok * n_out + row] = v;
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(128) mvt8_q4_k16(const u8* W, u64 rb, const i8* aq, const float* ad,
+                                                              const int* bs, float* out, int n_out, int n_in,
+                                                              int n_tok) {
+    mvt_q4k<8>(W, rb, aq, ad, bs, out, n_out, n_in, n_tok);
+}
+
+extern "C" __global__ void __launch_bounds__(128) mvt16_q4_k16(const u8* W, u64 rb, const i8* aq, const float* ad,
+                                                               const int* bs, float* out, int n_out, int n_in,
+                                                               int n_tok) {
+    mvt_q4k<16>(W, rb, aq, ad, bs, out, n_out, n_in, n_tok);
+}
+
 // ---- dequantized weights x f32 activations (exact, F32, F16) -----------
 
 template <class T, int NT>

@@ -482,6 +482,8 @@ fn matmul_case(
     c.matmul(&wc, &xc, &mut oc).unwrap();
     let path = if numerics == Numerics::Exact || !ty.is_quantized() {
         "float"
+    } else if ty == GgmlType::Q4_K && n_tok > 1 && n_tok <= g.mvt_tokens() && n_out >= 1024 {
+        "mvt"
     } else if n_tok > g.dp4a_tokens().max(1) && g.tensor_cores() {
         "mma"
     } else {
@@ -514,6 +516,9 @@ fn matmul_all(numerics: Numerics, tensor_cores: bool) {
             (33, 576, 100),
             (96, 2304, 65),
             (1100, 2048, 1),
+            (1100, 2048, 2),
+            (1030, 4096, 9),
+            (1030, 4096, 16),
             (300, 4096, 40),
             (40, 576, 20),
         ] {

@@ -119,6 +119,8 @@ pub const SOURCES: &[KernelSource] = &[
             "mv64_q4_k16",
             "mv128_q4_k16",
             "mvr2_q4_k16",
+            "mvt8_q4_k16",
+            "mvt16_q4_k16",
             "mmq8_q4_k",
             "mv32_q5_k",
             "mv64_q5_k",

@@ -312,6 +312,20 @@ fn launch_quantized(
     let suffix = kernel_suffix(w.ggml_type).expect("bound weights have a CUDA type");
     let (wp, rb, op) = (be.weight_ptr(w), w.row_bytes as u64, out.ptr);
     let (n_out_i, n_in_i, n_tok_i) = (n_out as i32, n_in as i32, n_tok as i32);
+    // A few tokens through a large Q4_K matrix (several decode streams):
+    // the multi-token matvec, NT = 8 or 16 tokens per pass over the
+    // weights (see `MVT_TOKENS`).
+    if w.ggml_type == GgmlType::Q4_K
+        && n_tok <= be.mvt_tokens
+        && n_out >= 1024
+        && wp.is_multiple_of(16)
+    {
+        let nt = if n_tok <= 8 { 8 } else { 16 };
+        let name = format!("mvt{nt}_q4_k16");
+        let grid = (n_out.div_ceil(8) as u32, n_tok.div_ceil(nt) as u32, 1);
+        return launch!(be, name.as_str(), grid, 128;
+            &wp, &rb, &a.aq, &a.ad, &a.bs, &op, &n_out_i, &n_in_i, &n_tok_i);
+    }
     // Batches of a few tokens (two to four decode streams) read the
     // weights faster through the dp4a kernel (see `DP4A_TOKENS`).
     let tensor_cores = be.tensor_cores() && n_tok > be.dp4a_tokens;

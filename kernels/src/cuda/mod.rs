@@ -242,7 +242,14 @@ pub struct CudaBackend {
     /// rather than the tensor cores (`DS4_CUDA_DP4A_TOKENS`, default
     /// [`DP4A_TOKENS`]).
     dp4a_tokens: usize,
+    /// Batches of at most this many tokens through large Q4_K matrices
+    /// run the multi-token matvec (`DS4_CUDA_MVT_TOKENS`, default
+    /// [`MVT_TOKENS`]; 0: never).
+    mvt_tokens: usize,
 }
+
+/// Default of [`CudaBackend`]'s `mvt_tokens`.
+const MVT_TOKENS: usize = 16;
 
 /// Default of [`CudaBackend`]'s `dp4a_tokens`. On an H200, 14336 x 4096
 /// (`perf_small_batches`), the dp4a kernel against the tensor-core path
@@ -348,6 +355,10 @@ impl CudaBackend {
             live: Arc::new(AtomicUsize::new(0)),
             producers,
             rope_func,
+            mvt_tokens: std::env::var("DS4_CUDA_MVT_TOKENS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(MVT_TOKENS),
             dp4a_tokens: std::env::var("DS4_CUDA_DP4A_TOKENS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -441,6 +452,12 @@ impl CudaBackend {
     /// even where tensor cores are on.
     pub fn dp4a_tokens(&self) -> usize {
         self.dp4a_tokens
+    }
+
+    /// Quantized batches of at most this many tokens through large Q4_K
+    /// matrices take the multi-token matvec.
+    pub fn mvt_tokens(&self) -> usize {
+        self.mvt_tokens
     }
 
     /// The device's compute capability as `major * 10 + minor` (90: sm_90).
