@@ -9,8 +9,10 @@
 //! dequantized in registers, f32 dots with unrounded activations. Decode
 //! (one token) runs dp4a matvecs (a warp per two rows for large Q4_K
 //! matrices, else 32 to 128 threads per row; up to three matrices of one
-//! type applied to the same input in one launch); batches of more than
-//! four tokens of quantized production matmuls run the shared-memory
+//! type applied to the same input in one launch); 2 to 16 tokens through
+//! a large Q4_K matrix run the multi-token matvec (a warp per two rows,
+//! each weight unit dotted against 8 or 16 tokens); other batches of more
+//! than four tokens of quantized production matmuls run the shared-memory
 //! tiled int8 tensor-core kernel (sm_80+, where the block's shared memory
 //! fits; else the register tensor-core kernel, 16 rows x 32 tokens per
 //! warp), smaller batches (and GPUs without int8 tensor cores) the dp4a
