@@ -17,8 +17,9 @@
 //
 // Kernels here: decode matvecs (mv*, one token), the dp4a batch kernel
 // (mmq8: one warp per weight row and 8 tokens, the chunk unpacked once for
-// all of them, 32-value chunks strided over the lanes; grid =
-// (ceil(n_out / 4), ceil(n_tok / 8)), 128 threads), the register-fragment
+// all of them, 32-value chunks strided over the lanes, each lane's scaled
+// sums added by the warp at the end; grid = (ceil(n_out / 4),
+// ceil(n_tok / 8)), 128 threads), the multi-token Q4_K matvec (mvt*), the register-fragment
 // tensor-core kernel (mma, where matmul_tiled.cu's shared memory does not
 // fit) and the exact-numerics float kernels (mmf*).
 
@@ -99,32 +100,23 @@ __device__ __forceinline__ void mm_q(const u8* W, u64 row_bytes, const i8* aq, c
         bool ok = c < nch;
         int b = c / T::NSUB, sub = c % T::NSUB;
         const u8* blk = wr + (u64)b * T::BYTES;
+        if (!ok) continue;
         int q[8];
         int s0 = 0, s1 = 0, m = 0;
-        if (ok) {
-            load_chunk<T>(blk, sub, q, s0, s1, m);
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; i++) q[i] = 0;
-        }
+        load_chunk<T>(blk, sub, q, s0, s1, m);
+        // combine is linear in the integer sums, so each lane scales its
+        // own chunk's (for K-quants, 1 / NSUB of the block's) and keeps a
+        // float sum per token; the warp adds them at the end.
+        u32 h = T::hdr(blk);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             int tok = t0 + t;
-            if (tok < n_tok) {  // uniform over the warp
-                int isum = 0, summs = 0;
-                if (ok)
-                    chunk_dot<T>(q, s0, s1, m, aq + (u64)tok * n_in + 32 * (u64)c,
-                                 bs + (u64)tok * (n_in / 16) + 2 * c, isum, summs);
-#pragma unroll
-                for (int o = T::NSUB / 2; o > 0; o >>= 1) {
-                    isum += __shfl_xor_sync(FULL_MASK, isum, o);
-                    summs += __shfl_xor_sync(FULL_MASK, summs, o);
-                }
-                if (ok && sub == 0) {
-                    u64 ai = (u64)tok * nab + b;
-                    acc[t] += combine<T>(blk, isum, summs, ad[ai], T::ACT == 1 ? as[ai] : 0.0f);
-                }
-            }
+            if (tok >= n_tok) break;  // uniform over the warp
+            int isum = 0, summs = 0;
+            chunk_dot<T>(q, s0, s1, m, aq + (u64)tok * n_in + 32 * (u64)c, bs + (u64)tok * (n_in / 16) + 2 * c,
+                         isum, summs);
+            u64 ai = (u64)tok * nab + b;
+            acc[t] += T::combine_h(h, isum, summs, ad[ai], T::ACT == 1 && sub == 0 ? as[ai] : 0.0f);
         }
     }
 #pragma unroll

@@ -12,7 +12,7 @@
 //! type applied to the same input in one launch); 2 to 16 tokens through
 //! a large Q4_K matrix run the multi-token matvec (a warp per two rows,
 //! each weight unit dotted against 8 or 16 tokens); other batches of more
-//! than four tokens of quantized production matmuls run the shared-memory
+//! than eight tokens of quantized production matmuls run the shared-memory
 //! tiled int8 tensor-core kernel (sm_80+, where the block's shared memory
 //! fits; else the register tensor-core kernel, 16 rows x 32 tokens per
 //! warp), smaller batches (and GPUs without int8 tensor cores) the dp4a

@@ -253,10 +253,10 @@ const MVT_TOKENS: usize = 16;
 
 /// Default of [`CudaBackend`]'s `dp4a_tokens`. On an H200, 14336 x 4096
 /// (`perf_small_batches`), the dp4a kernel against the tensor-core path
-/// (tiled, split along K), in us: 2 tokens Q4_1 21 / 70, Q4_K 34 / 74,
-/// Q6_K 54 / 93; 4 tokens 33 / 70, 51 / 73, 64 / 94; at 8 tokens Q4_K is
-/// already faster on the tensor cores (73 / 85), at 16 every type.
-const DP4A_TOKENS: usize = 4;
+/// (tiled, split along K), in us: 2 tokens Q4_1 20 / 70, Q6_K 39 / 93;
+/// 8 tokens 46 / 71, 65 / 93; 16 tokens 85 / 69, 116 / 89. (Large Q4_K
+/// matrices take the multi-token matvec up to [`MVT_TOKENS`] first.)
+const DP4A_TOKENS: usize = 8;
 
 /// Default of [`CudaBackend`]'s `chunk`: a decode step of SmolLM2 or a 7B
 /// records 250-350 commands, so about six lists, each issued (as its own
