@@ -19,8 +19,8 @@
 // (mmq8: one warp per weight row and 8 tokens, the chunk unpacked once for
 // all of them, 32-value chunks strided over the lanes, each lane's scaled
 // sums added by the warp at the end; grid = (ceil(n_out / 4),
-// ceil(n_tok / 8)), 128 threads), the multi-token Q4_K matvec (mvt*), the register-fragment
-// tensor-core kernel (mma, where matmul_tiled.cu's shared memory does not
+// ceil(n_tok / 8)), 128 threads), the multi-token Q4_K matvec (mvt*),
+// the register-fragment tensor-core kernel (mma, where matmul_tiled.cu's shared memory does not
 // fit) and the exact-numerics float kernels (mmf*).
 
 #define MM_WARPS 4
@@ -97,10 +97,9 @@ __device__ __forceinline__ void mm_q(const u8* W, u64 row_bytes, const i8* aq, c
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     for (int base = 0; base < nch; base += WARP) {
         int c = base + lane;
-        bool ok = c < nch;
+        if (c >= nch) continue;
         int b = c / T::NSUB, sub = c % T::NSUB;
         const u8* blk = wr + (u64)b * T::BYTES;
-        if (!ok) continue;
         int q[8];
         int s0 = 0, s1 = 0, m = 0;
         load_chunk<T>(blk, sub, q, s0, s1, m);
@@ -295,6 +294,22 @@ extern "C" __global__ void __launch_bounds__(128) mv128_q4_k16(MV_PARAMS) {
     mv_q4k16<128>(W, rb, aq, ad, bs, out, n_out, n_in, bias, bx);
 }
 
+// The 16-byte units base + 32 u + lane (u < U) of R Q4_K rows (mv_q4k16's
+// halves of chunk pairs: unit e holds values 16 (e % 2) .. + 15 of chunks
+// 2k and 2k + 1, k = (e % 8) / 2, of super-block e / 8), zeros past the
+// row's nu units: all R * U loads issued before any is used.
+template <int R, int U>
+__device__ __forceinline__ void q4k_units(const u8* const* wr, int base, int lane, int nu, uint4 (&w)[R][U]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int e = base + 32 * u + lane;
+        int b = e / 8, k = (e % 8) / 2, h = e % 2;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            w[r][u] = e < nu ? *(const uint4*)(wr[r] + (u64)b * 144 + 16 + 32 * k + 16 * h) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // Q4_K, one token, weights 16-byte aligned, a warp per R rows: lane takes
 // units (mv_q4k16's 16-byte halves of chunk pairs) lane + 32 u, u < U, of
 // every 32 * U, and issues all R * U weight loads before using any, so
@@ -319,14 +334,7 @@ __device__ __forceinline__ void mv_q4k_w(const u8* W, u64 row_bytes, const i8* a
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int base = 0; base < nu; base += 32 * U) {
         uint4 w[R][U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int e = base + 32 * u + lane;
-            int b = e / 8, k = (e % 8) / 2, h = e % 2;
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                w[r][u] = e < nu ? *(const uint4*)(wr[r] + (u64)b * 144 + 16 + 32 * k + 16 * h) : make_uint4(0, 0, 0, 0);
-        }
+        q4k_units<R, U>(wr, base, lane, nu, w);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int e = base + 32 * u + lane;
@@ -408,14 +416,7 @@ __device__ __forceinline__ void mvt_q4k(const u8* W, u64 row_bytes, const i8* aq
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     for (int base = 0; base < nu; base += 32 * U) {
         uint4 w[R][U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int e = base + 32 * u + lane;
-            int b = e / 8, k = (e % 8) / 2, h = e % 2;
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                w[r][u] = e < nu ? *(const uint4*)(wr[r] + (u64)b * 144 + 16 + 32 * k + 16 * h) : make_uint4(0, 0, 0, 0);
-        }
+        q4k_units<R, U>(wr, base, lane, nu, w);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int e = base + 32 * u + lane;

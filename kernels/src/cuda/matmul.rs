@@ -328,7 +328,7 @@ fn launch_quantized(
         return launch!(be, name.as_str(), grid, 128;
             &wp, &rb, &a.aq, &a.ad, &a.bs, &op, &n_out_i, &n_in_i, &n_tok_i);
     }
-    // Batches of a few tokens (two to four decode streams) read the
+    // Batches of a few tokens (up to eight decode streams) read the
     // weights faster through the dp4a kernel (see `DP4A_TOKENS`).
     let tensor_cores = be.tensor_cores() && n_tok > be.dp4a_tokens;
     if tensor_cores {

@@ -248,6 +248,15 @@ pub struct CudaBackend {
     mvt_tokens: usize,
 }
 
+/// The count in environment variable `name`, else `default` (unset or
+/// not a number).
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Default of [`CudaBackend`]'s `mvt_tokens`.
 const MVT_TOKENS: usize = 16;
 
@@ -355,18 +364,9 @@ impl CudaBackend {
             live: Arc::new(AtomicUsize::new(0)),
             producers,
             rope_func,
-            mvt_tokens: std::env::var("DS4_CUDA_MVT_TOKENS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(MVT_TOKENS),
-            dp4a_tokens: std::env::var("DS4_CUDA_DP4A_TOKENS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(DP4A_TOKENS),
-            chunk: std::env::var("DS4_CUDA_CHUNK")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(CHUNK_CMDS),
+            mvt_tokens: env_usize("DS4_CUDA_MVT_TOKENS", MVT_TOKENS),
+            dp4a_tokens: env_usize("DS4_CUDA_DP4A_TOKENS", DP4A_TOKENS),
+            chunk: env_usize("DS4_CUDA_CHUNK", CHUNK_CMDS),
         })
     }
 
