@@ -228,6 +228,33 @@ impl KvPoolConfig {
     }
 }
 
+/// The weights of one pre-norm dense decoder layer (the llama layout,
+/// without q/k/v biases), for [`Backend::dense_layer`]:
+///
+/// ```text
+/// x += Wo · attention(rope(Wq h), rope(Wk h), Wv h)   h = rms_norm(x) · attn_norm
+/// x += Wdown · (silu(Wgate h) * Wup h)                h = rms_norm(x) · ffn_norm
+/// ```
+pub struct DenseLayer<'a, W> {
+    pub attn_norm: &'a W,
+    pub wq: &'a W,
+    pub wk: &'a W,
+    pub wv: &'a W,
+    pub wo: &'a W,
+    pub ffn_norm: &'a W,
+    pub w_gate: &'a W,
+    pub w_up: &'a W,
+    pub w_down: &'a W,
+}
+
+/// The shape of a [`Backend::dense_layer`] call besides its weights.
+#[derive(Clone, Copy, Debug)]
+pub struct DenseLayerConfig {
+    pub attn: AttentionConfig,
+    pub rope: RopeConfig,
+    pub rms_eps: f32,
+}
+
 /// One sequence's rows in a batched attention call. Position `p` of the
 /// sequence lives in pool block `blocks[p / block_size]`, slot
 /// `p % block_size`.
@@ -441,6 +468,38 @@ pub trait Backend: Send + Sync {
         cfg: &AttentionConfig,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
+    /// Whether [`Backend::dense_layer`] runs `layer` for a pass of `rows`
+    /// rows into `pool` (a fused kernel for its shape and weight types).
+    fn fuses_dense_layer(
+        &self,
+        layer: &DenseLayer<'_, Self::Weight>,
+        cfg: &DenseLayerConfig,
+        pool: &Self::KvPool,
+        rows: usize,
+    ) -> bool {
+        let _ = (layer, cfg, pool, rows);
+        false
+    }
+    /// The whole of `layer` (see [`DenseLayer`]) for the one row of `x`,
+    /// the single row of sequence `seq`, storing its key and value in layer
+    /// `index` of `pool`: the ops a forward pass would run, in one step of
+    /// the backend's own. Only where [`Backend::fuses_dense_layer`] said so.
+    #[allow(clippy::too_many_arguments)]
+    fn dense_layer(
+        &self,
+        layer: &DenseLayer<'_, Self::Weight>,
+        cfg: &DenseLayerConfig,
+        x: &mut Self::Tensor,
+        pool: &mut Self::KvPool,
+        index: usize,
+        seq: &KvSeq<'_>,
+    ) -> Result<(), BackendError> {
+        let _ = (layer, cfg, x, pool, index, seq);
+        Err(BackendError::Shape {
+            op: "dense_layer",
+            detail: format!("the {} backend has no fused decoder layer", self.name()),
+        })
+    }
     /// `out = silu(gate) * up`, element-wise.
     fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor, out: &mut Self::Tensor);
     /// `x += y`, element-wise.

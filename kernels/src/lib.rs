@@ -14,7 +14,7 @@ pub mod cuda;
 pub mod quant;
 
 pub use backend::{
-    AttentionConfig, Backend, BackendError, DeviceBytes, HostBytes, KvDtype, KvPoolConfig, KvSeq,
-    Numerics, RopeConfig, RopeMode, WeightSource,
+    AttentionConfig, Backend, BackendError, DenseLayer, DenseLayerConfig, DeviceBytes, HostBytes,
+    KvDtype, KvPoolConfig, KvSeq, Numerics, RopeConfig, RopeMode, WeightSource,
 };
 pub use cpu::CpuBackend;

@@ -21,8 +21,8 @@ use std::sync::OnceLock;
 use ds4_kernels::cuda::CudaBackend;
 use ds4_kernels::quant::{self, GgmlType};
 use ds4_kernels::{
-    AttentionConfig, Backend, CpuBackend, HostBytes, KvPoolConfig, KvSeq, Numerics, RopeConfig,
-    RopeMode, WeightSource,
+    AttentionConfig, Backend, CpuBackend, DenseLayer, DenseLayerConfig, HostBytes, KvPoolConfig,
+    KvSeq, Numerics, RopeConfig, RopeMode, WeightSource,
 };
 
 fn gpu(numerics: Numerics) -> &'static CudaBackend {
@@ -948,4 +948,222 @@ fn attention_fused_quantization_is_bit_identical() {
         );
     }
     println!("PARITY attention_fused_quantization max_abs=0 rel=0 tol=0");
+}
+
+/// One dense decoder layer (width `e`, feed-forward `f`) op by op, what a
+/// llama forward pass runs for it, on any backend: the reference for the
+/// fused layer.
+#[allow(clippy::too_many_arguments)]
+fn layer_ops<B: Backend>(
+    be: &B,
+    (e, f): (usize, usize),
+    l: &DenseLayer<'_, B::Weight>,
+    cfg: &DenseLayerConfig,
+    x: &mut B::Tensor,
+    pool: &mut B::KvPool,
+    index: usize,
+    seq: &KvSeq<'_>,
+) {
+    let n = be.dims(x).0;
+    let a = &cfg.attn;
+    let (qd, kvd) = (a.n_head * a.head_dim, a.n_head_kv * a.head_dim);
+    let positions: Vec<u32> = (seq.pos..seq.pos + n).map(|p| p as u32).collect();
+    let mut h = be.tensor(n, e);
+    let (mut q, mut k, mut v) = (be.tensor(n, qd), be.tensor(n, kvd), be.tensor(n, kvd));
+    let (mut att, mut proj) = (be.tensor(n, qd), be.tensor(n, e));
+    let (mut gate, mut up, mut act) = (be.tensor(n, f), be.tensor(n, f), be.tensor(n, f));
+    be.rms_norm(x, l.attn_norm, cfg.rms_eps, &mut h);
+    be.matmul_many(&[l.wq, l.wk, l.wv], None, &h, &mut [&mut q, &mut k, &mut v])
+        .unwrap();
+    be.rope_qk(&mut q, &mut k, &positions, a.head_dim, &cfg.rope);
+    be.attention(
+        &q,
+        &k,
+        &v,
+        pool,
+        index,
+        std::slice::from_ref(seq),
+        a,
+        &mut att,
+    )
+    .unwrap();
+    be.matmul(l.wo, &att, &mut proj).unwrap();
+    be.add_rms_norm(x, &proj, l.ffn_norm, cfg.rms_eps, &mut h);
+    be.matmul_many(&[l.w_gate, l.w_up], None, &h, &mut [&mut gate, &mut up])
+        .unwrap();
+    be.swiglu(&gate, &up, &mut act);
+    be.matmul(l.w_down, &act, &mut proj).unwrap();
+    be.add_assign(x, &proj);
+}
+
+/// The fused decoder layer (one cluster launch) against the CPU running
+/// the layer op by op: the residual row after the layer and the key and
+/// value it stored, at the first position, after a prefill, across the
+/// position splits of a long context, and at a block boundary. Both sides
+/// quantize activations to Q8_1 and store an f16 pool, but the fused
+/// kernel sums in another order, so a value can land on the other side of
+/// a rounding step: 1e-2 of the largest value (a wrong head, position or
+/// block is off by O(1)).
+fn fused_layer_case(e: usize, f: usize, n_head: usize, n_head_kv: usize) {
+    let g = gpu(Numerics::Production);
+    let c = CpuBackend::with_numerics(Numerics::Production);
+    let hd = 64;
+    let mut rng = Rng::new((e * 31 + n_head) as u64);
+    let (qd, kvd) = (n_head * hd, n_head_kv * hd);
+    let mats = [
+        ("wq", qd, e),
+        ("wk", kvd, e),
+        ("wv", kvd, e),
+        ("wo", e, qd),
+        ("w_gate", f, e),
+        ("w_up", f, e),
+        ("w_down", e, f),
+    ];
+    let mut wg = Vec::new();
+    let mut wc = Vec::new();
+    for (name, rows, cols) in mats {
+        let bytes = weight_bytes(GgmlType::Q4_1, rows, cols, &mut rng);
+        wg.push(bind(g, name, GgmlType::Q4_1, rows, cols, &bytes));
+        wc.push(bind(&c, name, GgmlType::Q4_1, rows, cols, &bytes));
+    }
+    let norm_vals: Vec<Vec<f32>> = (0..2)
+        .map(|_| (0..e).map(|_| 1.0 + 0.5 * rng.f()).collect())
+        .collect();
+    let (ang, anc) = row_weight(g, &c, "attn_norm", &norm_vals[0]);
+    let (fng, fnc) = row_weight(g, &c, "ffn_norm", &norm_vals[1]);
+    let layer_g = DenseLayer {
+        attn_norm: &ang,
+        wq: &wg[0],
+        wk: &wg[1],
+        wv: &wg[2],
+        wo: &wg[3],
+        ffn_norm: &fng,
+        w_gate: &wg[4],
+        w_up: &wg[5],
+        w_down: &wg[6],
+    };
+    let layer_c = DenseLayer {
+        attn_norm: &anc,
+        wq: &wc[0],
+        wk: &wc[1],
+        wv: &wc[2],
+        wo: &wc[3],
+        ffn_norm: &fnc,
+        w_gate: &wc[4],
+        w_up: &wc[5],
+        w_down: &wc[6],
+    };
+    let cfg = DenseLayerConfig {
+        attn: AttentionConfig {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        },
+        rope: RopeConfig {
+            mode: RopeMode::Normal,
+            n_rot: hd,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+        },
+        rms_eps: 1e-5,
+    };
+    let pcfg = KvPoolConfig {
+        n_layer: 2,
+        kv_dim: kvd,
+        block_size: 16,
+        n_blocks: 32,
+    };
+    let (mut pg, mut pc) = (g.kv_pool(pcfg).unwrap(), c.kv_pool(pcfg).unwrap());
+    assert!(
+        g.fuses_dense_layer(&layer_g, &cfg, &pg, 1),
+        "the fused layer does not take e {e}, f {f}, {n_head}/{n_head_kv} heads"
+    );
+    assert!(!g.fuses_dense_layer(&layer_g, &cfg, &pg, 2), "two rows");
+    let table: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 32).collect();
+    let seq = |pos: usize, n_rows: usize| KvSeq {
+        blocks: &table,
+        row: 0,
+        n_rows,
+        pos,
+    };
+    let tag = format!("e{e}_f{f}_h{n_head}_kv{n_head_kv}");
+    // (prefill this many positions on the CPU first, then decode at pos).
+    let steps: [(usize, usize); 5] = [(0, 0), (0, 1), (62, 63), (0, 64), (200, 264)];
+    for (prefill, pos) in steps {
+        if prefill > 0 {
+            let start = pos - prefill;
+            let xs = rng.vec(prefill * e, 1.0);
+            let mut xc = c.tensor_from(prefill, e, &xs);
+            layer_ops(
+                &c,
+                (e, f),
+                &layer_c,
+                &cfg,
+                &mut xc,
+                &mut pc,
+                1,
+                &seq(start, prefill),
+            );
+            let mut buf = vec![0u8; pcfg.block_bytes(c.kv_dtype(&pc))];
+            for b in 0..pcfg.n_blocks as u32 {
+                c.kv_read_block(&pc, b, &mut buf).unwrap();
+                g.kv_write_block(&mut pg, b, &buf).unwrap();
+            }
+        }
+        let x = rng.vec(e, 1.0);
+        let mut xg = g.tensor_from(1, e, &x);
+        let mut xc = c.tensor_from(1, e, &x);
+        g.dense_layer(&layer_g, &cfg, &mut xg, &mut pg, 1, &seq(pos, 1))
+            .unwrap();
+        layer_ops(
+            &c,
+            (e, f),
+            &layer_c,
+            &cfg,
+            &mut xc,
+            &mut pc,
+            1,
+            &seq(pos, 1),
+        );
+        check(
+            &format!("fused_layer_{tag}_pos{pos}"),
+            &g.to_host(&xg),
+            &xc.data,
+            1e-2,
+        );
+        // The key and value stored at pos (layer 1 of its block).
+        let bb = pcfg.block_bytes(g.kv_dtype(&pg));
+        let (mut a, mut b) = (vec![0u8; bb], vec![0u8; bb]);
+        let blk = table[pos / 16];
+        g.kv_read_block(&pg, blk, &mut a).unwrap();
+        c.kv_read_block(&pc, blk, &mut b).unwrap();
+        let at =
+            |buf: &[u8], i: usize| half::f16::from_le_bytes([buf[2 * i], buf[2 * i + 1]]).to_f32();
+        let base = 2 * 16 * kvd + (pos % 16) * kvd;
+        let kv = |buf: &[u8]| -> Vec<f32> {
+            (0..kvd)
+                .flat_map(|i| [at(buf, base + i), at(buf, base + 16 * kvd + i)])
+                .collect()
+        };
+        check(
+            &format!("fused_layer_kv_{tag}_pos{pos}"),
+            &kv(&a),
+            &kv(&b),
+            1e-2,
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_decoder_layer() {
+    let g = gpu(Numerics::Production);
+    if g.arch() < 90 {
+        eprintln!("sm_{}: no fused decoder layer below sm_90", g.arch());
+        return;
+    }
+    // SmolLM2-135M's shape (3 q heads per kv head), and a smaller one.
+    fused_layer_case(576, 1536, 9, 3);
+    fused_layer_case(128, 256, 4, 2);
 }

@@ -11,7 +11,7 @@
 //! `kernels/cuda/attention_prefill.cu`, in tiles of consecutive rows.
 
 use super::{CudaBackend, CudaKvPool, CudaTensor};
-use crate::backend::{AttentionConfig, BackendError, KvDtype, KvSeq, Numerics};
+use crate::backend::{AttentionConfig, BackendError, KvDtype, KvPoolConfig, KvSeq, Numerics};
 
 /// Largest head dimension the kernel holds in registers.
 const MAX_HEAD_DIM: usize = 512;
@@ -69,63 +69,12 @@ pub fn attention(
         });
     }
     let bs = pc.block_size;
-    // Each sequence's table padded to the context bucket, so that the
-    // upload's size (and so the recorded pass) stays the same from one
-    // decode step to the next.
-    let ctx_bucket = bucket(max_len(seqs));
-    let table_len = ctx_bucket.div_ceil(bs);
-    let mut info = vec![-1i32; 4 * q.rows];
-    let mut tables: Vec<u32> = Vec::new();
-    let mut toffs = Vec::with_capacity(seqs.len());
-    for s in seqs {
-        if s.row + s.n_rows > q.rows {
-            return Err(BackendError::Shape {
-                op: "attention",
-                detail: format!(
-                    "sequence rows {}..{} past the {} rows of q",
-                    s.row,
-                    s.row + s.n_rows,
-                    q.rows
-                ),
-            });
-        }
-        let end = s.pos + s.n_rows;
-        if end > s.blocks.len() * bs {
-            return Err(BackendError::ContextFull {
-                pos: end - 1,
-                ctx: s.blocks.len() * bs,
-            });
-        }
-        if let Some(&b) = s.blocks[..end.div_ceil(bs)]
-            .iter()
-            .find(|&&b| b as usize >= pc.n_blocks)
-        {
-            return Err(BackendError::Shape {
-                op: "attention",
-                detail: format!("block {b} is outside the pool of {} blocks", pc.n_blocks),
-            });
-        }
-        let toff = tables.len() as i32;
-        toffs.push(toff);
-        tables.extend_from_slice(&s.blocks[..end.div_ceil(bs)]);
-        tables.resize(toff as usize + table_len, 0);
-        for i in 0..s.n_rows {
-            let p = s.pos + i;
-            let r = s.row + i;
-            if info[4 * r] >= 0 {
-                return Err(BackendError::Shape {
-                    op: "attention",
-                    detail: format!("row {r} belongs to two sequences"),
-                });
-            }
-            info[4 * r..4 * r + 4].copy_from_slice(&[
-                s.blocks[p / bs] as i32,
-                (p % bs) as i32,
-                p as i32,
-                toff,
-            ]);
-        }
-    }
+    let KvTables {
+        info,
+        tables,
+        toffs,
+        ctx_bucket,
+    } = kv_tables(seqs, q.rows, &pc)?;
     if q.rows == 0 {
         return Ok(());
     }
@@ -204,6 +153,90 @@ pub fn attention(
     let grid = ((prefill.len() / 4) as u32, cfg.n_head as u32, 1);
     launch!(be, name, grid, 128;
         &qp, &pp, &tp, &tiles, &nh, &nkv, &bs_i, &block_elems, &layer_off, &cfg.scale, &op)
+}
+
+/// What the attention kernels read of a batch's sequences: per row
+/// `{block, slot, pos, table_off}` (`info`), every sequence's block table
+/// padded to `ctx_bucket` positions (`tables`, each starting at its
+/// sequence's `toffs` entry).
+pub struct KvTables {
+    pub info: Vec<i32>,
+    pub tables: Vec<u32>,
+    pub toffs: Vec<i32>,
+    pub ctx_bucket: usize,
+}
+
+/// Checks `seqs` (rows within `rows`, blocks within the pool, positions
+/// within their tables) and lays out their [`KvTables`].
+pub fn kv_tables(
+    seqs: &[KvSeq<'_>],
+    rows: usize,
+    pc: &KvPoolConfig,
+) -> Result<KvTables, BackendError> {
+    let bs = pc.block_size;
+    // Each sequence's table padded to the context bucket, so that the
+    // upload's size (and so the recorded pass) stays the same from one
+    // decode step to the next.
+    let ctx_bucket = bucket(max_len(seqs));
+    let table_len = ctx_bucket.div_ceil(bs);
+    let mut info = vec![-1i32; 4 * rows];
+    let mut tables: Vec<u32> = Vec::new();
+    let mut toffs = Vec::with_capacity(seqs.len());
+    for s in seqs {
+        if s.row + s.n_rows > rows {
+            return Err(BackendError::Shape {
+                op: "attention",
+                detail: format!(
+                    "sequence rows {}..{} past the {} rows of q",
+                    s.row,
+                    s.row + s.n_rows,
+                    rows
+                ),
+            });
+        }
+        let end = s.pos + s.n_rows;
+        if end > s.blocks.len() * bs {
+            return Err(BackendError::ContextFull {
+                pos: end - 1,
+                ctx: s.blocks.len() * bs,
+            });
+        }
+        if let Some(&b) = s.blocks[..end.div_ceil(bs)]
+            .iter()
+            .find(|&&b| b as usize >= pc.n_blocks)
+        {
+            return Err(BackendError::Shape {
+                op: "attention",
+                detail: format!("block {b} is outside the pool of {} blocks", pc.n_blocks),
+            });
+        }
+        let toff = tables.len() as i32;
+        toffs.push(toff);
+        tables.extend_from_slice(&s.blocks[..end.div_ceil(bs)]);
+        tables.resize(toff as usize + table_len, 0);
+        for i in 0..s.n_rows {
+            let p = s.pos + i;
+            let r = s.row + i;
+            if info[4 * r] >= 0 {
+                return Err(BackendError::Shape {
+                    op: "attention",
+                    detail: format!("row {r} belongs to two sequences"),
+                });
+            }
+            info[4 * r..4 * r + 4].copy_from_slice(&[
+                s.blocks[p / bs] as i32,
+                (p % bs) as i32,
+                p as i32,
+                toff,
+            ]);
+        }
+    }
+    Ok(KvTables {
+        info,
+        tables,
+        toffs,
+        ctx_bucket,
+    })
 }
 
 /// Records the KV store fused with the RoPE launch of these `q` and `k`

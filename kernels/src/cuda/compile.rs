@@ -200,6 +200,13 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        name: "decode_layer",
+        src: include_str!("../../cuda/decode_layer.cu"),
+        quant: true,
+        big_smem: true,
+        kernels: &["decode_layer_q4_1"],
+    },
+    KernelSource {
         name: "attention_prefill",
         src: include_str!("../../cuda/attention_prefill.cu"),
         quant: false,

@@ -47,6 +47,7 @@ macro_rules! launch {
 mod arena;
 mod attention;
 pub mod compile;
+mod decode_layer;
 mod elementwise;
 mod embed;
 mod matmul;
@@ -61,8 +62,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 
 use crate::backend::{
-    AttentionConfig, Backend, BackendError, KvDtype, KvPoolConfig, KvSeq, Numerics, RopeConfig,
-    WeightSource,
+    AttentionConfig, Backend, BackendError, DenseLayer, DenseLayerConfig, KvDtype, KvPoolConfig,
+    KvSeq, Numerics, RopeConfig, WeightSource,
 };
 use crate::quant::GgmlType;
 
@@ -246,6 +247,12 @@ pub struct CudaBackend {
     /// run the multi-token matvec (`DS4_CUDA_MVT_TOKENS`, default
     /// [`MVT_TOKENS`]; 0: never).
     mvt_tokens: usize,
+    /// Whether single-token passes may run whole decoder layers in one
+    /// cluster launch (sm_90+, `DS4_CUDA_FUSED_LAYER`, default on).
+    fused_layer: bool,
+    /// Whether the fused layer's cluster fits the device, by its shared
+    /// memory size (asked once per size).
+    cluster_fit: Mutex<HashMap<u32, bool>>,
 }
 
 /// The count in environment variable `name`, else `default` (unset or
@@ -350,6 +357,15 @@ impl CudaBackend {
             .map(|&(k, p)| (funcs[k].cu_function() as usize, p))
             .collect();
         let rope_func = funcs["rope"].cu_function() as usize;
+        // The fused layer's cluster of 16 is past the portable 8.
+        let fused_layer = arch >= 90
+            && std::env::var_os("DS4_CUDA_FUSED_LAYER").is_none_or(|v| v != "0")
+            && funcs[decode_layer::KERNEL]
+                .set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    1,
+                )
+                .is_ok();
         Ok(CudaBackend {
             ctx,
             stream,
@@ -367,6 +383,8 @@ impl CudaBackend {
             mvt_tokens: env_usize("DS4_CUDA_MVT_TOKENS", MVT_TOKENS),
             dp4a_tokens: env_usize("DS4_CUDA_DP4A_TOKENS", DP4A_TOKENS),
             chunk: env_usize("DS4_CUDA_CHUNK", CHUNK_CMDS),
+            fused_layer,
+            cluster_fit: Mutex::new(HashMap::new()),
         })
     }
 
@@ -514,6 +532,25 @@ impl CudaBackend {
 
     /// The backend's state. Code under the lock that calls the driver
     /// directly binds the context first (ops run on any thread).
+    /// Whether the fused decoder layer may run with `smem` bytes of shared
+    /// memory per block: on, and the device can place its cluster.
+    fn cluster_fits(&self, smem: u32) -> bool {
+        if !self.fused_layer || smem > self.smem_optin {
+            return false;
+        }
+        let mut fit = self.cluster_fit.lock().unwrap_or_else(|e| e.into_inner());
+        *fit.entry(smem).or_insert_with(|| {
+            let cfg = cudarc::driver::LaunchConfig {
+                grid_dim: (decode_layer::CLUSTER, 1, 1),
+                block_dim: (1024, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            let n =
+                self.funcs[decode_layer::KERNEL].occupancy_max_active_clusters(cfg, &self.stream);
+            n.is_ok_and(|n| n > 0)
+        })
+    }
+
     fn lock(&self) -> MutexGuard<'_, queue::State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -1024,6 +1061,28 @@ impl Backend for CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
         attention::attention(self, q, k, v, pool, layer, seqs, cfg, out)
+    }
+
+    fn fuses_dense_layer(
+        &self,
+        layer: &DenseLayer<'_, CudaWeight>,
+        cfg: &DenseLayerConfig,
+        pool: &CudaKvPool,
+        rows: usize,
+    ) -> bool {
+        decode_layer::supports(self, layer, cfg, pool, rows)
+    }
+
+    fn dense_layer(
+        &self,
+        layer: &DenseLayer<'_, CudaWeight>,
+        cfg: &DenseLayerConfig,
+        x: &mut CudaTensor,
+        pool: &mut CudaKvPool,
+        index: usize,
+        seq: &KvSeq<'_>,
+    ) -> Result<(), BackendError> {
+        decode_layer::dense_layer(self, layer, cfg, x, pool, index, seq)
     }
 
     fn swiglu(&self, gate: &CudaTensor, up: &CudaTensor, out: &mut CudaTensor) {

@@ -11,8 +11,12 @@
 //!             x += Wdown · (silu(Wgate h) * Wup h)
 //! logits = Wout · (rms_norm(x) · output_norm)
 //! ```
+//!
+//! A pass of one row (a single sequence's decode step) runs each layer
+//! the backend fuses ([`Backend::fuses_dense_layer`]) as one
+//! [`Backend::dense_layer`] call instead of its ops.
 
-use ds4_kernels::{AttentionConfig, Backend, KvSeq};
+use ds4_kernels::{AttentionConfig, Backend, DenseLayerConfig, KvSeq};
 
 use super::weights::LlamaWeights;
 use super::LlamaHParams;
@@ -55,20 +59,43 @@ pub fn forward<B: Backend>(
 
     let mut x = be.tensor(n, h.n_embd);
     be.embed(&w.token_embd, &tokens, &mut x)?;
-    let mut norm = be.tensor(n, h.n_embd);
-    let mut q = be.tensor(n, q_dim);
-    let mut k = be.tensor(n, kv_dim);
-    let mut v = be.tensor(n, kv_dim);
-    let mut att = be.tensor(n, q_dim);
-    let mut proj = be.tensor(n, h.n_embd);
-    let mut gate = be.tensor(n, h.n_ff);
-    let mut up = be.tensor(n, h.n_ff);
-    let mut act = be.tensor(n, h.n_ff);
-
-    if let Some(first) = w.layers.first() {
-        be.rms_norm(&x, &first.attn_norm, h.rms_eps, &mut norm);
-    }
+    let dense = DenseLayerConfig {
+        attn,
+        rope: h.rope,
+        rms_eps: h.rms_eps,
+    };
+    // The one sequence of a single-row pass.
+    let single = seqs.iter().find(|s| s.n_rows == 1).filter(|_| n == 1);
+    let fused: Vec<bool> = w
+        .layers
+        .iter()
+        .map(|lw| {
+            single.is_some()
+                && lw.qkv_bias.is_none()
+                && be.fuses_dense_layer(&lw.dense(), &dense, pool, n)
+        })
+        .collect();
+    // The op-by-op layers' buffers (none when every layer is fused).
+    let b = if fused.iter().all(|&f| f) { 0 } else { n };
+    let mut norm = be.tensor(b, h.n_embd);
+    let mut q = be.tensor(b, q_dim);
+    let mut k = be.tensor(b, kv_dim);
+    let mut v = be.tensor(b, kv_dim);
+    let mut att = be.tensor(b, q_dim);
+    let mut proj = be.tensor(b, h.n_embd);
+    let mut gate = be.tensor(b, h.n_ff);
+    let mut up = be.tensor(b, h.n_ff);
+    let mut act = be.tensor(b, h.n_ff);
+    // Whether `norm` holds this layer's attention-norm of `x`.
+    let mut normed = false;
     for (layer, lw) in w.layers.iter().enumerate() {
+        if let Some(seq) = single.filter(|_| fused[layer]) {
+            be.dense_layer(&lw.dense(), &dense, &mut x, pool, layer, seq)?;
+            continue;
+        }
+        if !normed {
+            be.rms_norm(&x, &lw.attn_norm, h.rms_eps, &mut norm);
+        }
         let biases = lw.qkv_bias.as_ref().map(|[bq, bk, bv]| [bq, bk, bv]);
         be.matmul_many(
             &[&lw.wq, &lw.wk, &lw.wv],
@@ -88,11 +115,18 @@ pub fn forward<B: Backend>(
         )?;
         be.swiglu(&gate, &up, &mut act);
         be.matmul(&lw.w_down, &act, &mut proj)?;
-        // The residual add, fused with the next layer's attention norm.
-        match w.layers.get(layer + 1) {
-            Some(next) => be.add_rms_norm(&mut x, &proj, &next.attn_norm, h.rms_eps, &mut norm),
-            None => be.add_assign(&mut x, &proj),
-        }
+        // The residual add, fused with the next layer's attention norm
+        // when that layer runs op by op.
+        normed = match w.layers.get(layer + 1) {
+            Some(next) if !fused[layer + 1] => {
+                be.add_rms_norm(&mut x, &proj, &next.attn_norm, h.rms_eps, &mut norm);
+                true
+            }
+            _ => {
+                be.add_assign(&mut x, &proj);
+                false
+            }
+        };
     }
 
     // The rows whose logits were asked for, in batch order.

@@ -1,6 +1,6 @@
 //! Binding a llama-layout GGUF's tensors to a backend.
 
-use ds4_kernels::Backend;
+use ds4_kernels::{Backend, DenseLayer};
 
 use super::LlamaHParams;
 use crate::families::{ModelError, TensorSource};
@@ -17,6 +17,24 @@ pub struct LayerWeights<B: Backend> {
     pub w_gate: B::Weight,
     pub w_up: B::Weight,
     pub w_down: B::Weight,
+}
+
+impl<B: Backend> LayerWeights<B> {
+    /// The layer as the backend's fused decoder layer takes it (the q/k/v
+    /// biases aside).
+    pub fn dense(&self) -> DenseLayer<'_, B::Weight> {
+        DenseLayer {
+            attn_norm: &self.attn_norm,
+            wq: &self.wq,
+            wk: &self.wk,
+            wv: &self.wv,
+            wo: &self.wo,
+            ffn_norm: &self.ffn_norm,
+            w_gate: &self.w_gate,
+            w_up: &self.w_up,
+            w_down: &self.w_down,
+        }
+    }
 }
 
 pub struct LlamaWeights<B: Backend> {

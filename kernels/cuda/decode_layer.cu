@@ -1,0 +1,540 @@
+// A whole dense decoder layer (llama layout) for one token, in one launch
+// on a thread-block cluster (sm_90+; prepended: common.cuh, quant.cuh).
+// Launched only by kernels/src/cuda/decode_layer.rs.
+//
+// A batch-1 decode step of a small model is a chain of short dependent
+// kernels (norm, q/k/v, RoPE + KV store, attention, o, norm, gate/up,
+// SwiGLU, down), each a few round trips to memory on a handful of blocks.
+// Here the DL_CL blocks of one cluster run the whole layer: every block
+// keeps its own copy of the residual row and of each stage's input in
+// shared memory, computes its share of each matrix's rows, and writes the
+// results into the shared memory of every block of the cluster
+// (distributed shared memory); a cluster barrier (a few hundred ns)
+// separates the stages:
+//
+//   norm + quantize (each block, whole row)
+//   q/k/v rows                          -> qkv      | barrier
+//   RoPE, KV store, attention split     -> part     | barrier
+//   merge splits, quantize; o rows      -> ob       | barrier
+//   x += ob; norm + quantize; gate/up rows, silu(g) * u -> act | barrier
+//   quantize; down rows                 -> db       | barrier
+//   x += db (block 0 writes the row back)
+//
+// The numerics are the unfused kernels': activations quantized to Q8_1
+// (quant_warp256), Q4_1 x Q8_1 blocks combined like the CPU, norms with
+// f64 sums of squares, RoPE angles in f64, an f16 KV pool. Sums run in a
+// different order, so results agree with the unfused path to rounding.
+//
+// Before its pdl_wait a block pulls its share of the layer's weights into
+// L2, and the next layer's launch (which starts as soon as this one has
+// waited) does the same for its own while this layer computes.
+//
+// Shared memory (dynamic; decode_layer.rs computes the same size): see
+// DlMem below. Pool layout and info as attention.cu.
+
+#define DL_CL 16
+#define DL_THREADS 1024
+#define DL_WARPS (DL_THREADS / WARP)
+#define DL_GW (DL_CL * DL_WARPS)
+#define DL_HD 64
+#define DL_MAXG 4
+#define DL_NEG_INF __int_as_float(0xff800000)
+
+// Timing marks of a test harness (none here).
+#ifndef DL_MARK
+#define DL_MARK(i)
+#endif
+
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ u32 cl_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cl_arrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cl_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+// Every block's writes (its own and remote shared memory) before, visible
+// to every block after.
+__device__ __forceinline__ void cl_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// v at p (this block's shared memory) in block `rank` of the cluster.
+__device__ __forceinline__ void st_rank(float* p, u32 rank, float v) {
+    u32 a, ra;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
+}
+#else
+__device__ __forceinline__ u32 cl_rank() { __trap(); return 0; }
+__device__ __forceinline__ void cl_arrive() { __trap(); }
+__device__ __forceinline__ void cl_wait() { __trap(); }
+__device__ __forceinline__ void cl_sync() { __trap(); }
+__device__ __forceinline__ void st_rank(float*, u32, float) { __trap(); }
+#endif
+
+// v at p in every block of the cluster: lane l < DL_CL writes block l's copy
+// (every lane holds v).
+__device__ __forceinline__ void bcast(float* p, float v) {
+    int lane = threadIdx.x % WARP;
+    if (lane < DL_CL) st_rank(p, lane, v);
+}
+
+// A Q8_1 activation row in shared memory.
+struct Q8Act {
+    i8* q;
+    float* d;
+    float* s;
+};
+
+// The shared memory of a block (floats).
+struct DlMem {
+    float* xs;     // E: the residual row
+    float* rc;     // 32: RoPE cosines of this position
+    float* rs;     // 32: and sines
+    float* qkv;    // QD + 2 KVD: q, k, v
+    float* qr;     // (G + 1) * 64: this block's q heads and key head, rotated
+    float* part;   // H * NS * 66: each (head, split)'s (m, l, acc[64])
+    float* wpart;  // G * DL_WARPS * 66: each warp's (m, l, acc[64]) per head
+    float* ob;     // E: o rows
+    float* att;    // QD: attention output
+    float* ssq;    // DL_GW: each warp's sum of squares of its o rows of x + o
+    float* act;    // F: silu(gate) * up
+    float* db;     // E: down rows
+    Q8Act a;       // max(E, QD, F) quants, / 32 scales and sums
+};
+
+__device__ __forceinline__ DlMem dl_mem(float* base, int E, int F, int H, int HK) {
+    int QD = H * DL_HD, KVD = HK * DL_HD, G = H / HK, NS = DL_CL / HK;
+    int A = max(max(E, QD), F);
+    DlMem m;
+    float* p = base;
+    // Each region a multiple of 16 bytes (float4 and int2 accesses).
+#define DL_TAKE(f, n) m.f = p; p += ((n) + 3) & ~3;
+    DL_TAKE(xs, E)
+    DL_TAKE(rc, 32)
+    DL_TAKE(rs, 32)
+    DL_TAKE(qkv, QD + 2 * KVD)
+    DL_TAKE(qr, (G + 1) * DL_HD)
+    DL_TAKE(part, H * NS * (DL_HD + 2))
+    DL_TAKE(wpart, G * DL_WARPS * (DL_HD + 2))
+    DL_TAKE(ob, E)
+    DL_TAKE(att, QD)
+    DL_TAKE(ssq, DL_GW)
+    DL_TAKE(act, F)
+    DL_TAKE(db, E)
+    DL_TAKE(a.d, A / 32)
+    DL_TAKE(a.s, A / 32)
+#undef DL_TAKE
+    m.a.q = (i8*)p;  // A bytes
+    return m;
+}
+
+// Pulls `bytes` at p into L2, thread t of nt taking every nt-th line.
+__device__ __forceinline__ void dl_prefetch(const u8* p, u64 bytes, int t, int nt) {
+    for (u64 off = (u64)t * 128; off < bytes; off += (u64)nt * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+}
+
+// Q8_1 of the n values at src (shared memory) into a; then a barrier.
+__device__ __forceinline__ void dl_quant(const float* src, int n, Q8Act a) {
+    int warp = threadIdx.x / WARP;
+    for (int c = 256 * warp; c < n; c += 256 * DL_WARPS) {
+        float v[8];
+        bool valid = load_warp256(src + c, n - c, v);
+        quant_warp256(v, valid, 1, (u64)c, n, a.q, a.d, a.s, nullptr);
+    }
+    __syncthreads();
+}
+
+// rms_norm(x (+ y)) * w over n values, quantized to Q8_1 into a; then a
+// barrier. No block reduction: every warp sums the squares itself, of
+// all n values, or of the DL_GW per-warp partial sums at ssq (from the
+// matvec that produced y); then each warp normalizes and quantizes its
+// own 256 values.
+__device__ __forceinline__ void dl_norm(const float* x, const float* y, const float* ssq, const float* w, int n,
+                                        float eps, Q8Act a) {
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    float s = 0.0f;
+    if (ssq) {
+        for (int i = lane; i < DL_GW; i += WARP) s += ssq[i];
+    } else {
+        for (int i = lane; i < n; i += WARP) s += x[i] * x[i];
+    }
+    s = warp_sum(s);
+    float scale = (float)(1.0 / sqrt((double)s / (double)n + (double)eps));
+    for (int c = 256 * warp; c < n; c += 256 * DL_WARPS) {
+        float v[8];
+        bool valid = 8 * lane < n - c;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int i = c + 8 * lane + j;
+            float f = valid ? (y ? __fadd_rn(x[i], y[i]) : x[i]) : 0.0f;
+            v[j] = valid ? __fmul_rn(__fmul_rn(f, scale), w[i]) : 0.0f;
+        }
+        quant_warp256(v, valid, 1, (u64)c, n, a.q, a.d, a.s, nullptr);
+    }
+    __syncthreads();
+}
+
+// A Q4_1 block as five words: the f16 scale and min, then the 16 bytes of
+// nibbles (blocks are 20 bytes at 4-byte aligned addresses).
+__device__ __forceinline__ void q41_load(const u8* blk, u32* w) {
+    const u32* p = (const u32*)blk;
+#pragma unroll
+    for (int i = 0; i < 5; i++) w[i] = p[i];
+}
+
+// The block's contribution to a dot with block b of a (TQ4_1's words and
+// combine, so the same value as matmul.cu's kernels).
+__device__ __forceinline__ float q41_dot(const u32* w, const Q8Act& a, int b) {
+    const int* y = (const int*)(a.q + 32 * b);
+    int isum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) isum = __dp4a((int)(w[1 + i] & 0x0f0f0f0fu), y[i], isum);
+#pragma unroll
+    for (int i = 0; i < 4; i++) isum = __dp4a((int)((w[1 + i] >> 4) & 0x0f0f0f0fu), y[4 + i], isum);
+    return TQ4_1::combine_h(w[0], isum, 0, a.d[b], a.s[b]);
+}
+
+// N rows of Q4_1 x the Q8_1 row a (nb blocks), row n at rows[n] (null:
+// skipped, 0); every lane gets the sums. Lane l takes blocks l, l + 32, ..
+// of all N rows, so their loads go out together.
+template <int N>
+__device__ __forceinline__ void dl_dots(const u8* const* rows, int nb, const Q8Act& a, float* out) {
+    int lane = threadIdx.x % WARP;
+    float s[N];
+#pragma unroll
+    for (int n = 0; n < N; n++) s[n] = 0.0f;
+    for (int b = lane; b < nb; b += WARP) {
+        u32 w[N][5];
+#pragma unroll
+        for (int n = 0; n < N; n++)
+            if (rows[n]) q41_load(rows[n] + (u64)b * TQ4_1::BYTES, w[n]);
+#pragma unroll
+        for (int n = 0; n < N; n++)
+            if (rows[n]) s[n] += q41_dot(w[n], a, b);
+    }
+#pragma unroll
+    for (int n = 0; n < N; n++) out[n] = warp_sum(s[n]);
+}
+
+// out[r] = W r . a for rows r < n of W (nb blocks a row), in every block:
+// the cluster's warps take rows gw, gw + DL_GW.
+__device__ __forceinline__ void dl_matvec(const u8* w, int n, int nb, const Q8Act& a, float* out, int gw) {
+    u64 rb = (u64)nb * TQ4_1::BYTES;
+    for (int r = gw; r < n; r += 2 * DL_GW) {
+        int r2 = r + DL_GW;
+        const u8* rows[2] = {w + (u64)r * rb, r2 < n ? w + (u64)r2 * rb : nullptr};
+        float v[2];
+        dl_dots<2>(rows, nb, a, v);
+        bcast(out + r, v[0]);
+        if (r2 < n) bcast(out + r2, v[1]);
+    }
+}
+
+// Where position p's key of kv head kh starts in the pool (the value is
+// bs * KVD further), lane's two dims.
+__device__ __forceinline__ const u16* kv_at(const u16* pool, const u32* table, int p, int kh, int KVD, int bs,
+                                            u64 block_elems, u64 layer_off) {
+    return pool + (u64)table[p / bs] * block_elems + layer_off + (u64)(p % bs) * KVD + (u64)kh * DL_HD +
+           2 * (threadIdx.x % WARP);
+}
+
+// Attention of this block's q heads (G of kv head kh) over positions
+// [lo, hi): each warp takes positions lo + warp + 32 i, four at a time,
+// lane owning dims 2 lane, 2 lane + 1; then the block merges its warps
+// into part (every block's copy) at split `split`. kw / vw: the keys and
+// values (two f16 each) of the warp's first four positions below `pos`,
+// loaded before the kernel's wait; position pos itself is this pass's
+// key and value, as stored (rounded to f16).
+__device__ __forceinline__ void dl_attend(const DlMem& m, const u32* kw0, const u32* vw0, const u16* pool,
+                                          const u32* table, int lo, int hi, int pos, int G, int kh, int split,
+                                          int NS, int QD, int KVD, int bs, u64 block_elems, u64 layer_off,
+                                          float scale) {
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    float qa[DL_MAXG], qb[DL_MAXG], mx[DL_MAXG], l[DL_MAXG], a0[DL_MAXG], a1[DL_MAXG];
+#pragma unroll
+    for (int g = 0; g < DL_MAXG; g++) {
+        if (g < G) {
+            qa[g] = m.qr[g * DL_HD + 2 * lane];
+            qb[g] = m.qr[g * DL_HD + 2 * lane + 1];
+        }
+        mx[g] = DL_NEG_INF;
+        l[g] = 0.0f;
+        a0[g] = 0.0f;
+        a1[g] = 0.0f;
+    }
+    u32 knew = (u32)f2h(m.qr[G * DL_HD + 2 * lane]) | ((u32)f2h(m.qr[G * DL_HD + 2 * lane + 1]) << 16);
+    const float* vn = m.qkv + QD + KVD + kh * DL_HD + 2 * lane;
+    u32 vnew = (u32)f2h(vn[0]) | ((u32)f2h(vn[1]) << 16);
+    for (int p0 = lo + warp; p0 < hi; p0 += 4 * DL_WARPS) {
+        u32 kw[4], vw[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int p = p0 + j * DL_WARPS;
+            if (p == pos) {
+                kw[j] = knew;
+                vw[j] = vnew;
+            } else if (p0 == lo + warp) {
+                kw[j] = kw0[j];
+                vw[j] = vw0[j];
+            } else if (p < hi) {
+                const u16* kp = kv_at(pool, table, p, kh, KVD, bs, block_elems, layer_off);
+                kw[j] = *(const u32*)kp;
+                vw[j] = *(const u32*)(kp + (u64)bs * KVD);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (p0 + j * DL_WARPS >= hi) break;
+            float k0 = lo_h(kw[j]), k1 = hi_h(kw[j]), v0 = lo_h(vw[j]), v1 = hi_h(vw[j]);
+#pragma unroll
+            for (int g = 0; g < DL_MAXG; g++) {
+                if (g >= G) break;
+                float sc = warp_sum(qa[g] * k0 + qb[g] * k1) * scale;
+                float mn = fmaxf(mx[g], sc);
+                float c = expf(mx[g] - mn), e = expf(sc - mn);
+                l[g] = l[g] * c + e;
+                a0[g] = a0[g] * c + e * v0;
+                a1[g] = a1[g] * c + e * v1;
+                mx[g] = mn;
+            }
+        }
+    }
+    // Warps past the range hold nothing: merge only those that ran.
+    int nw = min(DL_WARPS, max(0, hi - lo));
+    if (warp < nw) {
+#pragma unroll
+        for (int g = 0; g < DL_MAXG; g++) {
+            if (g >= G) break;
+            float* w = m.wpart + (g * DL_WARPS + warp) * (DL_HD + 2);
+            if (lane == 0) {
+                w[0] = mx[g];
+                w[1] = l[g];
+            }
+            w[2 + 2 * lane] = a0[g];
+            w[3 + 2 * lane] = a1[g];
+        }
+    }
+    __syncthreads();
+    int t = threadIdx.x;
+    if (t < G * DL_HD) {
+        int g = t / DL_HD, d = t % DL_HD;
+        const float* w = m.wpart + g * DL_WARPS * (DL_HD + 2);
+        float M = DL_NEG_INF;
+        for (int i = 0; i < nw; i++) M = fmaxf(M, w[i * (DL_HD + 2)]);
+        float L = 0.0f, A = 0.0f;
+        for (int i = 0; i < nw; i++) {
+            float e = expf(w[i * (DL_HD + 2)] - M);
+            L += w[i * (DL_HD + 2) + 1] * e;
+            A += w[i * (DL_HD + 2) + 2 + d] * e;
+        }
+        float* dst = m.part + ((kh * G + g) * NS + split) * (DL_HD + 2);
+#pragma unroll
+        for (u32 r = 0; r < DL_CL; r++) {
+            st_rank(dst + 2 + d, r, A);
+            if (d == 0) {
+                st_rank(dst, r, M);
+                st_rank(dst + 1, r, L);
+            }
+        }
+    }
+}
+
+// The attention output (the NS splits of every head merged, a thread
+// per value) into att, then quantized to Q8_1 into a.
+__device__ __forceinline__ void dl_merge(const DlMem& m, int QD, int NS) {
+    for (int t = threadIdx.x; t < QD; t += DL_THREADS) {
+        int h = t / DL_HD, d = t % DL_HD;
+        const float* p = m.part + h * NS * (DL_HD + 2);
+        float M = DL_NEG_INF;
+        for (int s = 0; s < NS; s++) M = fmaxf(M, p[s * (DL_HD + 2)]);
+        float L = 0.0f, A = 0.0f;
+        for (int s = 0; s < NS; s++) {
+            float ms = p[s * (DL_HD + 2)];
+            if (ms == DL_NEG_INF) continue;
+            float e = expf(ms - M);
+            L += p[s * (DL_HD + 2) + 1] * e;
+            A += p[s * (DL_HD + 2) + 2 + d] * e;
+        }
+        m.att[t] = A / L;
+    }
+    __syncthreads();
+    dl_quant(m.att, QD, m.a);
+}
+
+extern "C" __global__ void __cluster_dims__(DL_CL, 1, 1) __launch_bounds__(DL_THREADS, 1)
+decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const u8* wq, const u8* wk,
+                  const u8* wv, const u8* wo, const u8* wg, const u8* wu, const u8* wd, u16* pool,
+                  const int* info, const u32* tables, int E, int F, int H, int HK, float eps, float scale,
+                  int n_rot, float freq_base, float freq_scale, int mode, int bs, u64 block_elems,
+                  u64 layer_off) {
+    extern __shared__ double dl_smem[];
+    int QD = H * DL_HD, KVD = HK * DL_HD, G = H / HK, NS = DL_CL / HK, R = QD + 2 * KVD;
+    int nb = E / 32;
+    u64 rb = (u64)nb * TQ4_1::BYTES;
+    u32 rank = cl_rank();
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, gw = (int)rank * DL_WARPS + warp;
+    DlMem m = dl_mem((float*)dl_smem, E, F, H, HK);
+
+    // ---- Before the wait: only memory no kernel of this pass writes. The
+    // weights; the pass's uploads (info, tables), copied before its first
+    // kernel, which every later one of the pass starts after; the pool's
+    // positions below pos, written by earlier passes.
+    DL_MARK(0);
+    int blk = info[0], slot = info[1], pos = info[2];
+    const u32* table = tables + info[3];
+    int kh = (int)rank / NS, split = (int)rank % NS;
+    int chunk = (pos + NS) / NS;  // ceil((pos + 1) / NS)
+    int lo = split * chunk, hi = kh < HK ? min(lo + chunk, pos + 1) : lo;
+    hi = max(lo, hi);
+    // RoPE angles of pos.
+    if (threadIdx.x < n_rot / 2)
+        rope_cs((u32)pos, threadIdx.x, n_rot, freq_base, freq_scale, m.rc[threadIdx.x], m.rs[threadIdx.x]);
+    // The keys and values of this warp's first four positions.
+    u32 kw[4], vw[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int p = lo + warp + j * DL_WARPS;
+        kw[j] = vw[j] = 0;
+        if (p < hi && p < pos) {
+            const u16* kp = kv_at(pool, table, p, kh, KVD, bs, block_elems, layer_off);
+            kw[j] = *(const u32*)kp;
+            vw[j] = *(const u32*)(kp + (u64)bs * KVD);
+        }
+    }
+    // This warp's q/k/v rows (gw, gw + DL_GW): lane's first block.
+    const u8* qkv_rows[2];
+    u32 wr[2][5];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int r = gw + j * DL_GW;
+        qkv_rows[j] = r >= R ? nullptr
+                      : r < QD ? wq + (u64)r * rb
+                      : r < QD + KVD ? wk + (u64)(r - QD) * rb
+                                     : wv + (u64)(r - QD - KVD) * rb;
+        if (qkv_rows[j] && lane < nb) q41_load(qkv_rows[j] + (u64)lane * TQ4_1::BYTES, wr[j]);
+    }
+    {
+        // The other matrices into L2.
+        int t = (int)rank * DL_THREADS + threadIdx.x, nt = DL_CL * DL_THREADS;
+        dl_prefetch(wo, (u64)E * QD / 32 * TQ4_1::BYTES, t, nt);
+        dl_prefetch(wg, (u64)F * E / 32 * TQ4_1::BYTES, t, nt);
+        dl_prefetch(wu, (u64)F * E / 32 * TQ4_1::BYTES, t, nt);
+        dl_prefetch(wd, (u64)E * F / 32 * TQ4_1::BYTES, t, nt);
+    }
+    pdl_wait();
+    DL_MARK(1);
+    // Every block has started before any writes into another's memory.
+    cl_arrive();
+    for (int i = threadIdx.x; i < E; i += DL_THREADS) m.xs[i] = x[i];
+
+    // q, k, v.
+    dl_norm(x, nullptr, nullptr, attn_norm, E, eps, m.a);
+    DL_MARK(2);
+    cl_wait();
+    {
+        float s[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            if (!qkv_rows[j]) continue;
+            if (lane < nb) s[j] = q41_dot(wr[j], m.a, lane);
+            for (int b = lane + WARP; b < nb; b += WARP) {
+                u32 w[5];
+                q41_load(qkv_rows[j] + (u64)b * TQ4_1::BYTES, w);
+                s[j] += q41_dot(w, m.a, b);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float v = warp_sum(s[j]);
+            if (qkv_rows[j]) bcast(m.qkv + gw + j * DL_GW, v);
+        }
+    }
+    DL_MARK(3);
+    cl_sync();
+    DL_MARK(4);
+
+    // RoPE, KV store, attention: block (kh, split) for kv head kh < HK.
+    if (kh < HK) {
+        int t = threadIdx.x;
+        if (t < (G + 1) * (DL_HD / 2)) {
+            int hi2 = t / (DL_HD / 2), i = t % (DL_HD / 2), half = n_rot / 2;
+            const float* src = hi2 < G ? m.qkv + (kh * G + hi2) * DL_HD : m.qkv + QD + kh * DL_HD;
+            float* dst = m.qr + hi2 * DL_HD;
+            int a = i < half ? (mode == 0 ? 2 * i : i) : n_rot + 2 * (i - half);
+            int b = i < half ? (mode == 0 ? 2 * i + 1 : i + half) : a + 1;
+            float x0 = src[a], x1 = src[b];
+            if (i < half) rope_rot(x0, x1, m.rc[i], m.rs[i]);
+            dst[a] = x0;
+            dst[b] = x1;
+        }
+        __syncthreads();
+        DL_MARK(5);
+        if (lo <= pos && pos < hi && blk >= 0 && t < DL_HD) {
+            // The new key and value (this block reads them from registers).
+            u16* dk = pool + (u64)blk * block_elems + layer_off + (u64)slot * KVD + (u64)kh * DL_HD;
+            dk[t] = f2h(m.qr[G * DL_HD + t]);
+            dk[(u64)bs * KVD + t] = f2h(m.qkv[QD + KVD + kh * DL_HD + t]);
+        }
+        dl_attend(m, kw, vw, pool, table, lo, hi, pos, G, kh, split, NS, QD, KVD, bs, block_elems, layer_off,
+                  scale);
+    }
+    DL_MARK(6);
+    cl_sync();
+    DL_MARK(7);
+
+    // Merge the splits; o.
+    dl_merge(m, QD, NS);
+    DL_MARK(8);
+    {
+        // o rows, and this warp's sum of squares of x + o over them.
+        u64 orb = (u64)(QD / 32) * TQ4_1::BYTES;
+        float ss = 0.0f;
+        for (int r = gw; r < E; r += 2 * DL_GW) {
+            int r2 = r + DL_GW;
+            const u8* rows[2] = {wo + (u64)r * orb, r2 < E ? wo + (u64)r2 * orb : nullptr};
+            float v[2];
+            dl_dots<2>(rows, QD / 32, m.a, v);
+            bcast(m.ob + r, v[0]);
+            float x0 = __fadd_rn(m.xs[r], v[0]);
+            ss += x0 * x0;
+            if (r2 < E) {
+                bcast(m.ob + r2, v[1]);
+                float x1 = __fadd_rn(m.xs[r2], v[1]);
+                ss += x1 * x1;
+            }
+        }
+        bcast(m.ssq + gw, ss);
+    }
+    DL_MARK(9);
+    cl_sync();
+    DL_MARK(10);
+
+    // norm of x + o; gate/up with SwiGLU.
+    dl_norm(m.xs, m.ob, m.ssq, ffn_norm, E, eps, m.a);
+    DL_MARK(11);
+    for (int j = gw; j < F; j += 2 * DL_GW) {
+        int j2 = j + DL_GW;
+        const u8* rows[4] = {wg + (u64)j * rb, wu + (u64)j * rb, j2 < F ? wg + (u64)j2 * rb : nullptr,
+                             j2 < F ? wu + (u64)j2 * rb : nullptr};
+        float v[4];
+        dl_dots<4>(rows, nb, m.a, v);
+        bcast(m.act + j, __fmul_rn(__fdiv_rn(v[0], __fadd_rn(1.0f, expf(-v[0]))), v[1]));
+        if (j2 < F) bcast(m.act + j2, __fmul_rn(__fdiv_rn(v[2], __fadd_rn(1.0f, expf(-v[2]))), v[3]));
+    }
+    DL_MARK(12);
+    cl_sync();
+    DL_MARK(13);
+
+    // down; x + o + down.
+    dl_quant(m.act, F, m.a);
+    DL_MARK(14);
+    dl_matvec(wd, E, F / 32, m.a, m.db, gw);
+    DL_MARK(15);
+    cl_sync();
+    DL_MARK(16);
+    if (rank == 0)
+        for (int i = threadIdx.x; i < E; i += DL_THREADS) x[i] = __fadd_rn(__fadd_rn(m.xs[i], m.ob[i]), m.db[i]);
+}
