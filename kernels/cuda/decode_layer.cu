@@ -7,33 +7,42 @@
 // SwiGLU, down), each a few round trips to memory on a handful of blocks.
 // Here the DL_CL blocks of one cluster run the whole layer: every block
 // keeps its own copy of the residual row and of each stage's input in
-// shared memory, computes its share of each matrix's rows, and writes the
-// results into the shared memory of every block of the cluster
-// (distributed shared memory); a cluster barrier (a few hundred ns)
-// separates the stages:
+// shared memory and computes its share of each matrix's rows into its
+// own shared memory; after the stage's cluster barrier (a few hundred ns)
+// the blocks read the rows they need from the blocks that computed them
+// (distributed shared memory):
 //
 //   norm + quantize (each block, whole row)
-//   q/k/v rows                          -> qkv      | barrier
-//   RoPE, KV store, attention split     -> part     | barrier
-//   merge splits, quantize; o rows      -> ob       | barrier
-//   x += ob; norm + quantize; gate/up rows, silu(g) * u -> act | barrier
-//   quantize; down rows                 -> db       | barrier
-//   x += db (block 0 writes the row back)
+//   q/k/v rows -> qkv                              | barrier, read own heads
+//   RoPE, KV store, attention split -> part        | barrier
+//   merge splits (read), quantize; o rows -> ob    | barrier, read ob
+//   norm(x + ob) + quantize; gate/up rows, silu(g) * u -> act | barrier, read act
+//   quantize; down rows -> db of block 0           | barrier
+//   block 0 writes x + ob + db
 //
 // The numerics are the unfused kernels': activations quantized to Q8_1
-// (quant_warp256), Q4_1 x Q8_1 blocks combined like the CPU, norms with
-// f64 sums of squares, RoPE angles in f64, an f16 KV pool. Sums run in a
-// different order, so results agree with the unfused path to rounding.
+// (quant_warp256), Q4_1 x Q8_1 blocks combined like the CPU, RoPE angles
+// in f64, an f16 KV pool. Sums (f32 here, also the norms' sums of
+// squares) run in another order, so results agree with the unfused path
+// to rounding.
 //
-// Before its pdl_wait a block pulls its share of the layer's weights into
-// L2, and the next layer's launch (which starts as soon as this one has
-// waited) does the same for its own while this layer computes.
+// Before its pdl_wait a block reads what no kernel of the pass writes:
+// the RoPE angles of its position, the keys and values of earlier
+// positions, its warps' q/k/v weight blocks (registers), and pulls the
+// layer's other weights into L2; the next layer's launch, which starts
+// as soon as this one has waited, does the same while this one computes.
+//
+// Per-warp work is cheap only when few warps do it: a block's 32 warps
+// share four schedulers, so work every warp repeats costs 32 times its
+// instructions (hence one warp per 256 values in the norms).
 //
 // Shared memory (dynamic; decode_layer.rs computes the same size): see
 // DlMem below. Pool layout and info as attention.cu.
 
 #define DL_CL 16
+#ifndef DL_THREADS
 #define DL_THREADS 1024
+#endif
 #define DL_WARPS (DL_THREADS / WARP)
 #define DL_GW (DL_CL * DL_WARPS)
 #define DL_HD 64
@@ -58,12 +67,22 @@ __device__ __forceinline__ void cl_wait() { asm volatile("barrier.cluster.wait.a
 __device__ __forceinline__ void cl_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// v at p (this block's shared memory) in block `rank` of the cluster.
-__device__ __forceinline__ void st_rank(float* p, u32 rank, float v) {
+// The address of p (this block's shared memory) in block `rank`.
+__device__ __forceinline__ u32 at_rank(const float* p, u32 rank) {
     u32 a, ra;
     asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
+    return ra;
+}
+// v at p in block `rank` of the cluster.
+__device__ __forceinline__ void st_rank(float* p, u32 rank, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(at_rank(p, rank)), "f"(v) : "memory");
+}
+// The value at p in block `rank` of the cluster.
+__device__ __forceinline__ float ld_rank(const float* p, u32 rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(at_rank(p, rank)) : "memory");
+    return v;
 }
 #else
 __device__ __forceinline__ u32 cl_rank() { __trap(); return 0; }
@@ -71,13 +90,25 @@ __device__ __forceinline__ void cl_arrive() { __trap(); }
 __device__ __forceinline__ void cl_wait() { __trap(); }
 __device__ __forceinline__ void cl_sync() { __trap(); }
 __device__ __forceinline__ void st_rank(float*, u32, float) { __trap(); }
+__device__ __forceinline__ float ld_rank(const float*, u32) { __trap(); return 0.0f; }
 #endif
 
-// v at p in every block of the cluster: lane l < DL_CL writes block l's copy
-// (every lane holds v).
-__device__ __forceinline__ void bcast(float* p, float v) {
-    int lane = threadIdx.x % WARP;
-    if (lane < DL_CL) st_rank(p, lane, v);
+// Rows of a matvec stage stay in the block whose warp computed them (see
+// dl_matvec); after the stage's cluster barrier the blocks that need a
+// row read it from there (one remote load per row per block, a warp's 32
+// rows from one block). Pushing every row into every block instead (16
+// remote stores per row) made each stage about 0.6 us slower.
+__device__ __forceinline__ u32 row_owner(int r) { return (u32)((r % DL_GW) / DL_WARPS); }
+
+// v at p (every lane holds it; lane 0 stores).
+__device__ __forceinline__ void put(float* p, float v) {
+    if (threadIdx.x % WARP == 0) *p = v;
+}
+
+// This block's copy of rows [0, n) of buf from their owners; then a barrier.
+__device__ __forceinline__ void dl_gather(float* buf, int n) {
+    for (int i = threadIdx.x; i < n; i += DL_THREADS) buf[i] = ld_rank(buf + i, row_owner(i));
+    __syncthreads();
 }
 
 // A Q8_1 activation row in shared memory.
@@ -98,7 +129,6 @@ struct DlMem {
     float* wpart;  // G * DL_WARPS * 66: each warp's (m, l, acc[64]) per head
     float* ob;     // E: o rows
     float* att;    // QD: attention output
-    float* ssq;    // DL_GW: each warp's sum of squares of its o rows of x + o
     float* act;    // F: silu(gate) * up
     float* db;     // E: down rows
     Q8Act a;       // max(E, QD, F) quants, / 32 scales and sums
@@ -120,7 +150,6 @@ __device__ __forceinline__ DlMem dl_mem(float* base, int E, int F, int H, int HK
     DL_TAKE(wpart, G * DL_WARPS * (DL_HD + 2))
     DL_TAKE(ob, E)
     DL_TAKE(att, QD)
-    DL_TAKE(ssq, DL_GW)
     DL_TAKE(act, F)
     DL_TAKE(db, E)
     DL_TAKE(a.d, A / 32)
@@ -148,31 +177,32 @@ __device__ __forceinline__ void dl_quant(const float* src, int n, Q8Act a) {
 }
 
 // rms_norm(x (+ y)) * w over n values, quantized to Q8_1 into a; then a
-// barrier. No block reduction: every warp sums the squares itself, of
-// all n values, or of the DL_GW per-warp partial sums at ssq (from the
-// matvec that produced y); then each warp normalizes and quantizes its
-// own 256 values.
-__device__ __forceinline__ void dl_norm(const float* x, const float* y, const float* ssq, const float* w, int n,
-                                        float eps, Q8Act a) {
+// barrier. No block reduction: each warp that quantizes (one per 256
+// values) sums all the squares itself; the others go to the barrier (a
+// block's warps share four schedulers: work every warp repeats costs
+// its instructions 32 times).
+__device__ __forceinline__ void dl_norm(const float* x, const float* y, const float* w, int n, float eps,
+                                        Q8Act a) {
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    float s = 0.0f;
-    if (ssq) {
-        for (int i = lane; i < DL_GW; i += WARP) s += ssq[i];
-    } else {
-        for (int i = lane; i < n; i += WARP) s += x[i] * x[i];
-    }
-    s = warp_sum(s);
-    float scale = (float)(1.0 / sqrt((double)s / (double)n + (double)eps));
-    for (int c = 256 * warp; c < n; c += 256 * DL_WARPS) {
-        float v[8];
-        bool valid = 8 * lane < n - c;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int i = c + 8 * lane + j;
-            float f = valid ? (y ? __fadd_rn(x[i], y[i]) : x[i]) : 0.0f;
-            v[j] = valid ? __fmul_rn(__fmul_rn(f, scale), w[i]) : 0.0f;
+    if (256 * warp < n) {
+        float s = 0.0f;
+        for (int i = lane; i < n; i += WARP) {
+            float f = y ? __fadd_rn(x[i], y[i]) : x[i];
+            s += f * f;
         }
-        quant_warp256(v, valid, 1, (u64)c, n, a.q, a.d, a.s, nullptr);
+        s = warp_sum(s);
+        float scale = (float)(1.0 / sqrt((double)s / (double)n + (double)eps));
+        for (int c = 256 * warp; c < n; c += 256 * DL_WARPS) {
+            float v[8];
+            bool valid = 8 * lane < n - c;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int i = c + 8 * lane + j;
+                float f = valid ? (y ? __fadd_rn(x[i], y[i]) : x[i]) : 0.0f;
+                v[j] = valid ? __fmul_rn(__fmul_rn(f, scale), w[i]) : 0.0f;
+            }
+            quant_warp256(v, valid, 1, (u64)c, n, a.q, a.d, a.s, nullptr);
+        }
     }
     __syncthreads();
 }
@@ -228,8 +258,8 @@ __device__ __forceinline__ void dl_matvec(const u8* w, int n, int nb, const Q8Ac
         const u8* rows[2] = {w + (u64)r * rb, r2 < n ? w + (u64)r2 * rb : nullptr};
         float v[2];
         dl_dots<2>(rows, nb, a, v);
-        bcast(out + r, v[0]);
-        if (r2 < n) bcast(out + r2, v[1]);
+        put(out + r, v[0]);
+        if (r2 < n) put(out + r2, v[1]);
     }
 }
 
@@ -331,32 +361,33 @@ __device__ __forceinline__ void dl_attend(const DlMem& m, const u32* kw0, const 
             A += w[i * (DL_HD + 2) + 2 + d] * e;
         }
         float* dst = m.part + ((kh * G + g) * NS + split) * (DL_HD + 2);
-#pragma unroll
-        for (u32 r = 0; r < DL_CL; r++) {
-            st_rank(dst + 2 + d, r, A);
-            if (d == 0) {
-                st_rank(dst, r, M);
-                st_rank(dst + 1, r, L);
-            }
+        dst[2 + d] = A;
+        if (d == 0) {
+            dst[0] = M;
+            dst[1] = L;
         }
     }
 }
 
-// The attention output (the NS splits of every head merged, a thread
-// per value) into att, then quantized to Q8_1 into a.
-__device__ __forceinline__ void dl_merge(const DlMem& m, int QD, int NS) {
+// The attention output (the NS splits of every head merged, a thread per
+// value, reading the splits from the blocks that computed them: head h's
+// split s is in block (h / G) * NS + s, see dl_attend) into att, then
+// quantized to Q8_1 into a.
+__device__ __forceinline__ void dl_merge(const DlMem& m, int QD, int G, int NS) {
     for (int t = threadIdx.x; t < QD; t += DL_THREADS) {
         int h = t / DL_HD, d = t % DL_HD;
+        u32 r0 = (u32)((h / G) * NS);
         const float* p = m.part + h * NS * (DL_HD + 2);
-        float M = DL_NEG_INF;
-        for (int s = 0; s < NS; s++) M = fmaxf(M, p[s * (DL_HD + 2)]);
-        float L = 0.0f, A = 0.0f;
+        float M = DL_NEG_INF, L = 0.0f, A = 0.0f;
+#pragma unroll 4
         for (int s = 0; s < NS; s++) {
-            float ms = p[s * (DL_HD + 2)];
+            const float* q = p + s * (DL_HD + 2);
+            float ms = ld_rank(q, r0 + s), ls = ld_rank(q + 1, r0 + s), as = ld_rank(q + 2 + d, r0 + s);
             if (ms == DL_NEG_INF) continue;
-            float e = expf(ms - M);
-            L += p[s * (DL_HD + 2) + 1] * e;
-            A += p[s * (DL_HD + 2) + 2 + d] * e;
+            float mn = fmaxf(M, ms), c = expf(M - mn), e = expf(ms - mn);
+            L = L * c + ls * e;
+            A = A * c + as * e;
+            M = mn;
         }
         m.att[t] = A / L;
     }
@@ -431,7 +462,7 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
     for (int i = threadIdx.x; i < E; i += DL_THREADS) m.xs[i] = x[i];
 
     // q, k, v.
-    dl_norm(x, nullptr, nullptr, attn_norm, E, eps, m.a);
+    dl_norm(x, nullptr, attn_norm, E, eps, m.a);
     DL_MARK(2);
     cl_wait();
     {
@@ -449,11 +480,31 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             float v = warp_sum(s[j]);
-            if (qkv_rows[j]) bcast(m.qkv + gw + j * DL_GW, v);
+            if (qkv_rows[j]) put(m.qkv + gw + j * DL_GW, v);
+        }
+        // Rows past the two a warp preloads (narrow clusters).
+        for (int r = gw + 2 * DL_GW; r < R; r += DL_GW) {
+            const u8* rows[1] = {r < QD ? wq + (u64)r * rb
+                                 : r < QD + KVD ? wk + (u64)(r - QD) * rb
+                                                : wv + (u64)(r - QD - KVD) * rb};
+            float v[1];
+            dl_dots<1>(rows, nb, m.a, v);
+            put(m.qkv + r, v[0]);
         }
     }
     DL_MARK(3);
     cl_sync();
+    if (kh < HK) {
+        // This block's q heads, key head and value head.
+        int t = threadIdx.x;
+        if (t < (G + 2) * DL_HD) {
+            int i = t < G * DL_HD ? kh * G * DL_HD + t
+                    : t < (G + 1) * DL_HD ? QD + kh * DL_HD + t - G * DL_HD
+                                          : QD + KVD + kh * DL_HD + t - (G + 1) * DL_HD;
+            m.qkv[i] = ld_rank(m.qkv + i, row_owner(i));
+        }
+        __syncthreads();
+    }
     DL_MARK(4);
 
     // RoPE, KV store, attention: block (kh, split) for kv head kh < HK.
@@ -486,34 +537,16 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
     DL_MARK(7);
 
     // Merge the splits; o.
-    dl_merge(m, QD, NS);
+    dl_merge(m, QD, G, NS);
     DL_MARK(8);
-    {
-        // o rows, and this warp's sum of squares of x + o over them.
-        u64 orb = (u64)(QD / 32) * TQ4_1::BYTES;
-        float ss = 0.0f;
-        for (int r = gw; r < E; r += 2 * DL_GW) {
-            int r2 = r + DL_GW;
-            const u8* rows[2] = {wo + (u64)r * orb, r2 < E ? wo + (u64)r2 * orb : nullptr};
-            float v[2];
-            dl_dots<2>(rows, QD / 32, m.a, v);
-            bcast(m.ob + r, v[0]);
-            float x0 = __fadd_rn(m.xs[r], v[0]);
-            ss += x0 * x0;
-            if (r2 < E) {
-                bcast(m.ob + r2, v[1]);
-                float x1 = __fadd_rn(m.xs[r2], v[1]);
-                ss += x1 * x1;
-            }
-        }
-        bcast(m.ssq + gw, ss);
-    }
+    dl_matvec(wo, E, QD / 32, m.a, m.ob, gw);
     DL_MARK(9);
     cl_sync();
+    dl_gather(m.ob, E);
     DL_MARK(10);
 
     // norm of x + o; gate/up with SwiGLU.
-    dl_norm(m.xs, m.ob, m.ssq, ffn_norm, E, eps, m.a);
+    dl_norm(m.xs, m.ob, ffn_norm, E, eps, m.a);
     DL_MARK(11);
     for (int j = gw; j < F; j += 2 * DL_GW) {
         int j2 = j + DL_GW;
@@ -521,17 +554,31 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
                              j2 < F ? wu + (u64)j2 * rb : nullptr};
         float v[4];
         dl_dots<4>(rows, nb, m.a, v);
-        bcast(m.act + j, __fmul_rn(__fdiv_rn(v[0], __fadd_rn(1.0f, expf(-v[0]))), v[1]));
-        if (j2 < F) bcast(m.act + j2, __fmul_rn(__fdiv_rn(v[2], __fadd_rn(1.0f, expf(-v[2]))), v[3]));
+        put(m.act + j, __fmul_rn(__fdiv_rn(v[0], __fadd_rn(1.0f, expf(-v[0]))), v[1]));
+        if (j2 < F) put(m.act + j2, __fmul_rn(__fdiv_rn(v[2], __fadd_rn(1.0f, expf(-v[2]))), v[3]));
     }
     DL_MARK(12);
     cl_sync();
     DL_MARK(13);
 
     // down; x + o + down.
+    dl_gather(m.act, F);
     dl_quant(m.act, F, m.a);
     DL_MARK(14);
-    dl_matvec(wd, E, F / 32, m.a, m.db, gw);
+    {
+        // Only block 0 needs the down rows (it writes x): pushed there.
+        u64 drb = (u64)(F / 32) * TQ4_1::BYTES;
+        for (int r = gw; r < E; r += 2 * DL_GW) {
+            int r2 = r + DL_GW;
+            const u8* rows[2] = {wd + (u64)r * drb, r2 < E ? wd + (u64)r2 * drb : nullptr};
+            float v[2];
+            dl_dots<2>(rows, F / 32, m.a, v);
+            if (lane == 0) {
+                st_rank(m.db + r, 0, v[0]);
+                if (r2 < E) st_rank(m.db + r2, 0, v[1]);
+            }
+        }
+    }
     DL_MARK(15);
     cl_sync();
     DL_MARK(16);

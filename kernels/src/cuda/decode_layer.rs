@@ -40,7 +40,6 @@ pub fn smem_bytes(e: usize, f: usize, h: usize, hk: usize) -> usize {
         + r4(g * 32 * (HEAD_DIM + 2))
         + r4(e)
         + r4(qd)
-        + CLUSTER as usize * 32
         + r4(f)
         + r4(e)
         + 2 * r4(a / 32);
