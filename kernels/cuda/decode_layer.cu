@@ -49,7 +49,7 @@
 #define DL_MAXG 4
 #define DL_NEG_INF __int_as_float(0xff800000)
 
-// Timing marks of a test harness (none here).
+// Stage marks for bench/cuda/decode_layer_phases.cu (nothing here).
 #ifndef DL_MARK
 #define DL_MARK(i)
 #endif
