@@ -996,6 +996,22 @@ fn layer_ops<B: Backend>(
     be.add_assign(x, &proj);
 }
 
+/// A layer of norm scales `attn_norm`, `ffn_norm` and matrices `m` (q, k,
+/// v, o, gate, up, down).
+fn dense<'a, W>(attn_norm: &'a W, ffn_norm: &'a W, m: &'a [W]) -> DenseLayer<'a, W> {
+    DenseLayer {
+        attn_norm,
+        wq: &m[0],
+        wk: &m[1],
+        wv: &m[2],
+        wo: &m[3],
+        ffn_norm,
+        w_gate: &m[4],
+        w_up: &m[5],
+        w_down: &m[6],
+    }
+}
+
 /// The fused decoder layer (one cluster launch) against the CPU running
 /// the layer op by op: the residual row after the layer and the key and
 /// value it stored, at the first position, after a prefill, across the
@@ -1031,28 +1047,7 @@ fn fused_layer_case(e: usize, f: usize, n_head: usize, n_head_kv: usize) {
         .collect();
     let (ang, anc) = row_weight(g, &c, "attn_norm", &norm_vals[0]);
     let (fng, fnc) = row_weight(g, &c, "ffn_norm", &norm_vals[1]);
-    let layer_g = DenseLayer {
-        attn_norm: &ang,
-        wq: &wg[0],
-        wk: &wg[1],
-        wv: &wg[2],
-        wo: &wg[3],
-        ffn_norm: &fng,
-        w_gate: &wg[4],
-        w_up: &wg[5],
-        w_down: &wg[6],
-    };
-    let layer_c = DenseLayer {
-        attn_norm: &anc,
-        wq: &wc[0],
-        wk: &wc[1],
-        wv: &wc[2],
-        wo: &wc[3],
-        ffn_norm: &fnc,
-        w_gate: &wc[4],
-        w_up: &wc[5],
-        w_down: &wc[6],
-    };
+    let (layer_g, layer_c) = (dense(&ang, &fng, &wg), dense(&anc, &fnc, &wc));
     let cfg = DenseLayerConfig {
         attn: AttentionConfig {
             n_head,
