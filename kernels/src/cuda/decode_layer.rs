@@ -6,8 +6,8 @@
 //! like: Q4_1 matrices, 64-dimensional heads, f32 norm scales, an f16 KV
 //! pool, production numerics; anything else runs op by op. The fused
 //! layer is on by default on sm_90+ where the device can place the
-//! cluster; `DS4_CUDA_FUSED_LAYER=0` turns it off (same tokens to
-//! rounding, for comparisons).
+//! cluster; `DS4_CUDA_FUSED_LAYER=0` turns it off (results agree
+//! to rounding; for comparisons).
 
 use super::attention::{kv_tables, KvTables};
 use super::{CudaBackend, CudaKvPool, CudaTensor, CudaWeight};
