@@ -1083,6 +1083,11 @@ fn fused_layer_case(e: usize, f: usize, n_head: usize, n_head_kv: usize) {
         pos,
     };
     let tag = format!("e{e}_f{f}_h{n_head}_kv{n_head_kv}");
+    // The layer op by op on the CPU, into layer 1 of the pool.
+    let cpu_layer =
+        |x: &mut <CpuBackend as Backend>::Tensor,
+         pool: &mut <CpuBackend as Backend>::KvPool,
+         s: &KvSeq<'_>| layer_ops(&c, (e, f), &layer_c, &cfg, x, pool, 1, s);
     // (prefill this many positions on the CPU first, then decode at pos).
     let steps: [(usize, usize); 5] = [(0, 0), (0, 1), (62, 63), (0, 64), (200, 264)];
     for (prefill, pos) in steps {
@@ -1090,16 +1095,7 @@ fn fused_layer_case(e: usize, f: usize, n_head: usize, n_head_kv: usize) {
             let start = pos - prefill;
             let xs = rng.vec(prefill * e, 1.0);
             let mut xc = c.tensor_from(prefill, e, &xs);
-            layer_ops(
-                &c,
-                (e, f),
-                &layer_c,
-                &cfg,
-                &mut xc,
-                &mut pc,
-                1,
-                &seq(start, prefill),
-            );
+            cpu_layer(&mut xc, &mut pc, &seq(start, prefill));
             let mut buf = vec![0u8; pcfg.block_bytes(c.kv_dtype(&pc))];
             for b in 0..pcfg.n_blocks as u32 {
                 c.kv_read_block(&pc, b, &mut buf).unwrap();
@@ -1111,16 +1107,7 @@ fn fused_layer_case(e: usize, f: usize, n_head: usize, n_head_kv: usize) {
         let mut xc = c.tensor_from(1, e, &x);
         g.dense_layer(&layer_g, &cfg, &mut xg, &mut pg, 1, &seq(pos, 1))
             .unwrap();
-        layer_ops(
-            &c,
-            (e, f),
-            &layer_c,
-            &cfg,
-            &mut xc,
-            &mut pc,
-            1,
-            &seq(pos, 1),
-        );
+        cpu_layer(&mut xc, &mut pc, &seq(pos, 1));
         check(
             &format!("fused_layer_{tag}_pos{pos}"),
             &g.to_host(&xg),
