@@ -35,9 +35,12 @@ __device__ __forceinline__ float ld_h(const u8* p) {
 
 // Programmatic dependent launch (sm_90+). The host lets every kernel
 // launch before the one ahead of it in the stream has finished; a kernel
-// calls pdl_wait before it touches any memory but weights (which nothing
-// writes), and from there on sees everything the kernels ahead of it
-// wrote. It then lets the next kernel launch, whose blocks can load their
+// calls pdl_wait before it touches any memory that a kernel of its pass
+// may write, and from there on sees everything the kernels ahead of it
+// wrote. Before the wait it may read only weights (which nothing writes)
+// and, where it says so, memory no kernel of the pass writes: the pass's
+// uploads (copied before the pass's first kernel, which every later one
+// starts after) and KV positions of earlier passes (decode_layer.cu). It then lets the next kernel launch, whose blocks can load their
 // weights while this one runs. Before sm_90 both are no-ops (the host
 // does not set the launch attribute there).
 __device__ __forceinline__ void pdl_wait() {
