@@ -79,8 +79,8 @@ __device__ __forceinline__ void rope_kv_store(float* q, float* k, const float* v
     bool key = h >= heads_q;
     int kh = h - heads_q;
     float* head = key ? k + (u64)r * kv_dim + (u64)kh * head_dim : q + (u64)r * q_cols + (u64)h * head_dim;
-    int a = i < half ? (mode == 0 ? 2 * i : i) : n_rot + 2 * (i - half);
-    int b = i < half ? (mode == 0 ? 2 * i + 1 : i + half) : a + 1;
+    int a, b;
+    rope_pair(i, n_rot, mode, a, b);
     float x0 = head[a], x1 = head[b];
     if (i < half) {
         float c, s;

@@ -73,6 +73,20 @@ __device__ __forceinline__ void rope_cs(u32 pos, int i, int n_rot, float freq_ba
     s = (float)sin(theta);
 }
 
+// The dims of pair slot i of a head (of head_dim / 2): slot i < n_rot / 2
+// rotates (2i, 2i + 1) in mode 0 (normal) or (i, i + n_rot / 2) in mode 1
+// (NeoX); the other slots take the dims past n_rot two at a time.
+__device__ __forceinline__ void rope_pair(int i, int n_rot, int mode, int& a, int& b) {
+    int half = n_rot / 2;
+    a = i < half ? (mode == 0 ? 2 * i : i) : n_rot + 2 * (i - half);
+    b = i < half ? (mode == 0 ? 2 * i + 1 : i + half) : a + 1;
+}
+
+// silu(g) * u rounded op by op like the CPU's SwiGLU.
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 __device__ __forceinline__ void rope_rot(float& x0, float& x1, float c, float s) {
     float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
     float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));

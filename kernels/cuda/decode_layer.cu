@@ -249,17 +249,23 @@ __device__ __forceinline__ void dl_dots(const u8* const* rows, int nb, const Q8A
     for (int n = 0; n < N; n++) out[n] = warp_sum(s[n]);
 }
 
-// out[r] = W r . a for rows r < n of W (nb blocks a row), in every block:
-// the cluster's warps take rows gw, gw + DL_GW.
-__device__ __forceinline__ void dl_matvec(const u8* w, int n, int nb, const Q8Act& a, float* out, int gw) {
+// out[r] = W r . a for rows r < n of W (nb blocks a row): the cluster's
+// warps take rows gw, gw + DL_GW, .. and keep them in their own block
+// (to < 0), or store them in block `to`.
+__device__ __forceinline__ void dl_matvec(const u8* w, int n, int nb, const Q8Act& a, float* out, int gw,
+                                          int to = -1) {
     u64 rb = (u64)nb * TQ4_1::BYTES;
     for (int r = gw; r < n; r += 2 * DL_GW) {
         int r2 = r + DL_GW;
         const u8* rows[2] = {w + (u64)r * rb, r2 < n ? w + (u64)r2 * rb : nullptr};
         float v[2];
         dl_dots<2>(rows, nb, a, v);
-        put(out + r, v[0]);
-        if (r2 < n) put(out + r2, v[1]);
+        for (int j = 0; j < 2 && r + j * DL_GW < n; j++) {
+            if (to < 0)
+                put(out + r + j * DL_GW, v[j]);
+            else if (threadIdx.x % WARP == 0)
+                st_rank(out + r + j * DL_GW, (u32)to, v[j]);
+        }
     }
 }
 
@@ -435,16 +441,19 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
             vw[j] = *(const u32*)(kp + (u64)bs * KVD);
         }
     }
+    // Row r of q, k, v stacked (null past them).
+    auto qkv_row = [&](int r) -> const u8* {
+        return r >= R ? nullptr
+               : r < QD ? wq + (u64)r * rb
+               : r < QD + KVD ? wk + (u64)(r - QD) * rb
+                              : wv + (u64)(r - QD - KVD) * rb;
+    };
     // This warp's q/k/v rows (gw, gw + DL_GW): lane's first block.
     const u8* qkv_rows[2];
     u32 wr[2][5];
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        int r = gw + j * DL_GW;
-        qkv_rows[j] = r >= R ? nullptr
-                      : r < QD ? wq + (u64)r * rb
-                      : r < QD + KVD ? wk + (u64)(r - QD) * rb
-                                     : wv + (u64)(r - QD - KVD) * rb;
+        qkv_rows[j] = qkv_row(gw + j * DL_GW);
         if (qkv_rows[j] && lane < nb) q41_load(qkv_rows[j] + (u64)lane * TQ4_1::BYTES, wr[j]);
     }
     {
@@ -484,9 +493,7 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
         }
         // Rows past the two a warp preloads (narrow clusters).
         for (int r = gw + 2 * DL_GW; r < R; r += DL_GW) {
-            const u8* rows[1] = {r < QD ? wq + (u64)r * rb
-                                 : r < QD + KVD ? wk + (u64)(r - QD) * rb
-                                                : wv + (u64)(r - QD - KVD) * rb};
+            const u8* rows[1] = {qkv_row(r)};
             float v[1];
             dl_dots<1>(rows, nb, m.a, v);
             put(m.qkv + r, v[0]);
@@ -511,13 +518,12 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
     if (kh < HK) {
         int t = threadIdx.x;
         if (t < (G + 1) * (DL_HD / 2)) {
-            int hi2 = t / (DL_HD / 2), i = t % (DL_HD / 2), half = n_rot / 2;
+            int hi2 = t / (DL_HD / 2), i = t % (DL_HD / 2), a, b;
             const float* src = hi2 < G ? m.qkv + (kh * G + hi2) * DL_HD : m.qkv + QD + kh * DL_HD;
             float* dst = m.qr + hi2 * DL_HD;
-            int a = i < half ? (mode == 0 ? 2 * i : i) : n_rot + 2 * (i - half);
-            int b = i < half ? (mode == 0 ? 2 * i + 1 : i + half) : a + 1;
+            rope_pair(i, n_rot, mode, a, b);
             float x0 = src[a], x1 = src[b];
-            if (i < half) rope_rot(x0, x1, m.rc[i], m.rs[i]);
+            if (i < n_rot / 2) rope_rot(x0, x1, m.rc[i], m.rs[i]);
             dst[a] = x0;
             dst[b] = x1;
         }
@@ -554,8 +560,8 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
                              j2 < F ? wu + (u64)j2 * rb : nullptr};
         float v[4];
         dl_dots<4>(rows, nb, m.a, v);
-        put(m.act + j, __fmul_rn(__fdiv_rn(v[0], __fadd_rn(1.0f, expf(-v[0]))), v[1]));
-        if (j2 < F) put(m.act + j2, __fmul_rn(__fdiv_rn(v[2], __fadd_rn(1.0f, expf(-v[2]))), v[3]));
+        put(m.act + j, silu_mul(v[0], v[1]));
+        if (j2 < F) put(m.act + j2, silu_mul(v[2], v[3]));
     }
     DL_MARK(12);
     cl_sync();
@@ -565,20 +571,8 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
     dl_gather(m.act, F);
     dl_quant(m.act, F, m.a);
     DL_MARK(14);
-    {
-        // Only block 0 needs the down rows (it writes x): pushed there.
-        u64 drb = (u64)(F / 32) * TQ4_1::BYTES;
-        for (int r = gw; r < E; r += 2 * DL_GW) {
-            int r2 = r + DL_GW;
-            const u8* rows[2] = {wd + (u64)r * drb, r2 < E ? wd + (u64)r2 * drb : nullptr};
-            float v[2];
-            dl_dots<2>(rows, F / 32, m.a, v);
-            if (lane == 0) {
-                st_rank(m.db + r, 0, v[0]);
-                if (r2 < E) st_rank(m.db + r2, 0, v[1]);
-            }
-        }
-    }
+    // Only block 0 needs the down rows (it writes x): stored there.
+    dl_matvec(wd, E, F / 32, m.a, m.db, gw, 0);
     DL_MARK(15);
     cl_sync();
     DL_MARK(16);

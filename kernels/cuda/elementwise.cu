@@ -90,7 +90,7 @@ extern "C" __global__ void swiglu(const float* g, const float* u, float* out, u6
         v[j] = 0.0f;
         if (i < n) {
             float x = g[i];
-            v[j] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u[i]);
+            v[j] = silu_mul(x, u[i]);
             out[i] = v[j];
         }
     }

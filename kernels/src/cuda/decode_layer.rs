@@ -22,6 +22,8 @@ pub const CLUSTER: u32 = 16;
 const THREADS: u32 = 1024;
 /// Head dimension the kernel is written for (`DL_HD`).
 const HEAD_DIM: usize = 64;
+/// Warps per block (`DL_WARPS`).
+const WARPS: usize = THREADS as usize / 32;
 /// Most q heads per kv head (`DL_MAXG`).
 const MAX_GROUP: usize = 4;
 pub const KERNEL: &str = "decode_layer_q4_1";
@@ -37,7 +39,7 @@ pub fn smem_bytes(e: usize, f: usize, h: usize, hk: usize) -> usize {
         + r4(qd + 2 * kvd)
         + r4((g + 1) * HEAD_DIM)
         + r4(h * ns * (HEAD_DIM + 2))
-        + r4(g * 32 * (HEAD_DIM + 2))
+        + r4(g * WARPS * (HEAD_DIM + 2))
         + r4(e)
         + r4(qd)
         + r4(f)
@@ -83,7 +85,26 @@ pub fn supports(
         && q4_1(l.w_down, e, f)
         && norm(l.attn_norm)
         && norm(l.ffn_norm);
-    shape_ok && be.cluster_fits(smem_bytes(e, f, a.n_head, a.n_head_kv) as u32)
+    shape_ok && cluster_fits(be, smem_bytes(e, f, a.n_head, a.n_head_kv) as u32)
+}
+
+/// Whether the fused layer may run with `smem` bytes of shared memory per
+/// block: it is on, and the device can place its cluster (asked once per
+/// size).
+fn cluster_fits(be: &CudaBackend, smem: u32) -> bool {
+    if !be.fused_layer || smem > be.smem_optin {
+        return false;
+    }
+    let mut fit = be.cluster_fit.lock().unwrap_or_else(|e| e.into_inner());
+    *fit.entry(smem).or_insert_with(|| {
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (CLUSTER, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let n = be.funcs[KERNEL].occupancy_max_active_clusters(cfg, &be.stream);
+        n.is_ok_and(|n| n > 0)
+    })
 }
 
 /// Records the fused layer for the single row of `x` (see

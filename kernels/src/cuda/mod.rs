@@ -532,25 +532,6 @@ impl CudaBackend {
 
     /// The backend's state. Code under the lock that calls the driver
     /// directly binds the context first (ops run on any thread).
-    /// Whether the fused decoder layer may run with `smem` bytes of shared
-    /// memory per block: on, and the device can place its cluster.
-    fn cluster_fits(&self, smem: u32) -> bool {
-        if !self.fused_layer || smem > self.smem_optin {
-            return false;
-        }
-        let mut fit = self.cluster_fit.lock().unwrap_or_else(|e| e.into_inner());
-        *fit.entry(smem).or_insert_with(|| {
-            let cfg = cudarc::driver::LaunchConfig {
-                grid_dim: (decode_layer::CLUSTER, 1, 1),
-                block_dim: (1024, 1, 1),
-                shared_mem_bytes: smem,
-            };
-            let n =
-                self.funcs[decode_layer::KERNEL].occupancy_max_active_clusters(cfg, &self.stream);
-            n.is_ok_and(|n| n > 0)
-        })
-    }
-
     fn lock(&self) -> MutexGuard<'_, queue::State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
