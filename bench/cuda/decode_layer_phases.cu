@@ -66,7 +66,9 @@ int main(int argc, char** argv) {
     auto r4 = [](int n) { return (n + 3) / 4 * 4; };
     int floats = r4(E) + 64 + r4(QD + 2 * KVD) + r4((G + 1) * HD) + r4(H * NS * (HD + 2)) +
                  r4(G * DL_WARPS * (HD + 2)) + r4(E) + r4(QD) + r4(F) + r4(E) + 2 * r4(A / 32);
-    int smem = floats * 4 + A;
+    auto wrows = [](long n, long rb) { return ((n + DL_GW - 1) / DL_GW * DL_WARPS * rb + 15) / 16 * 16; };
+    long wbytes = wrows(E, QD / 32 * 20) + 2 * wrows(F, E / 32 * 20) + wrows(E, F / 32 * 20);
+    int smem = (int)(floats * 4 + A + wbytes);
     CK(cudaFuncSetAttribute(decode_layer_q4_1, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CK(cudaFuncSetAttribute(decode_layer_q4_1, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaEvent_t e0, e1;

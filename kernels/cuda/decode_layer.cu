@@ -28,23 +28,30 @@
 //
 // Before its pdl_wait a block reads what no kernel of the pass writes:
 // the RoPE angles of its position, the keys and values of earlier
-// positions, its warps' q/k/v weight blocks (registers), and pulls the
-// layer's other weights into L2; the next layer's launch, which starts
-// as soon as this one has waited, does the same while this one computes.
+// positions, its warps' q/k/v weight blocks (registers), and starts
+// copying its rows of o, gate, up and down into shared memory (about
+// 150 KB for SmolLM2); the next layer's launch, which starts as soon as
+// this one has waited, does the same on other SMs while this one
+// computes.
 //
-// Per-warp work is cheap only when few warps do it: a block's 32 warps
-// share four schedulers, so work every warp repeats costs 32 times its
-// instructions (hence one warp per 256 values in the norms).
+// Per-warp work is cheap only when few warps do it: a block's warps
+// share four schedulers, so work every warp repeats costs its
+// instructions once per warp (hence one warp per 256 values in the
+// norms). 768 threads a block measured 1.5-2 us a layer faster than
+// 1024 (bench/NOTES.md).
 //
 // Shared memory (dynamic; decode_layer.rs computes the same size): see
 // DlMem below. Pool layout and info as attention.cu.
 
 #define DL_CL 16
 #ifndef DL_THREADS
-#define DL_THREADS 1024
+#define DL_THREADS 768
 #endif
 #define DL_WARPS (DL_THREADS / WARP)
 #define DL_GW (DL_CL * DL_WARPS)
+// q/k/v rows a warp loads into registers before the wait (wider layers
+// take the rest one at a time).
+#define DL_PRE ((2048 + DL_THREADS - 1) / DL_THREADS)
 #define DL_HD 64
 #define DL_MAXG 4
 #define DL_NEG_INF __int_as_float(0xff800000)
@@ -132,7 +139,20 @@ struct DlMem {
     float* act;    // F: silu(gate) * up
     float* db;     // E: down rows
     Q8Act a;       // max(E, QD, F) quants, / 32 scales and sums
+    // This block's rows of o, gate, up and down (see dl_stage), 16-byte
+    // aligned.
+    u8* wo;
+    u8* wg;
+    u8* wu;
+    u8* wd;
 };
+
+// Rows of an n-row matrix a block keeps: warp w of block b computes rows
+// k DL_GW + b DL_WARPS + w, kept at row k DL_WARPS + w.
+__device__ __forceinline__ int dl_rows(int n) { return (n + DL_GW - 1) / DL_GW * DL_WARPS; }
+
+// Bytes of a Q4_1 row of n values.
+__device__ __forceinline__ int q41_row(int n) { return n / 32 * TQ4_1::BYTES; }
 
 __device__ __forceinline__ DlMem dl_mem(float* base, int E, int F, int H, int HK) {
     int QD = H * DL_HD, KVD = HK * DL_HD, G = H / HK, NS = DL_CL / HK;
@@ -155,14 +175,32 @@ __device__ __forceinline__ DlMem dl_mem(float* base, int E, int F, int H, int HK
     DL_TAKE(a.d, A / 32)
     DL_TAKE(a.s, A / 32)
 #undef DL_TAKE
-    m.a.q = (i8*)p;  // A bytes
+    m.a.q = (i8*)p;  // A bytes (a multiple of 32)
+    u8* w = (u8*)p + A;
+#define DL_TAKEW(f, n, rb) m.f = w; w += ((u64)dl_rows(n) * (rb) + 15) & ~(u64)15;
+    DL_TAKEW(wo, E, q41_row(QD))
+    DL_TAKEW(wg, F, q41_row(E))
+    DL_TAKEW(wu, F, q41_row(E))
+    DL_TAKEW(wd, E, q41_row(F))
+#undef DL_TAKEW
     return m;
 }
 
-// Pulls `bytes` at p into L2, thread t of nt taking every nt-th line.
-__device__ __forceinline__ void dl_prefetch(const u8* p, u64 bytes, int t, int nt) {
-    for (u64 off = (u64)t * 128; off < bytes; off += (u64)nt * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+// Starts copying this block's rows of w (n rows of rb bytes, 16-byte
+// aligned) into ws: for each k, the DL_WARPS rows from k DL_GW +
+// rank DL_WARPS on are one contiguous run (see dl_rows). Asynchronous:
+// cp_async_wait<0> and a barrier before they are read.
+__device__ __forceinline__ void dl_stage(u8* ws, const u8* w, int n, int rb, u32 rank) {
+    for (int k = 0;; k++) {
+        int r0 = k * DL_GW + (int)rank * DL_WARPS, rows = min(DL_WARPS, n - r0);
+        if (rows <= 0) break;
+        u64 bytes = (u64)rows * rb;
+        const u8* src = w + (u64)r0 * rb;
+        u8* dst = ws + (u64)k * DL_WARPS * rb;
+        for (u64 i = 16 * threadIdx.x; i + 16 <= bytes; i += 16 * DL_THREADS) cp_async16(dst + i, src + i);
+        for (u64 i = bytes / 16 * 16 + 4 * threadIdx.x; i < bytes; i += 4 * DL_THREADS) cp_async4(dst + i, src + i);
+    }
+    cp_async_commit();
 }
 
 // Q8_1 of the n values at src (shared memory) into a; then a barrier.
@@ -249,15 +287,17 @@ __device__ __forceinline__ void dl_dots(const u8* const* rows, int nb, const Q8A
     for (int n = 0; n < N; n++) out[n] = warp_sum(s[n]);
 }
 
-// out[r] = W r . a for rows r < n of W (nb blocks a row): the cluster's
-// warps take rows gw, gw + DL_GW, .. and keep them in their own block
-// (to < 0), or store them in block `to`.
-__device__ __forceinline__ void dl_matvec(const u8* w, int n, int nb, const Q8Act& a, float* out, int gw,
+// out[r] = W r . a for rows r < n of W (nb blocks a row), this block's
+// rows of W in ws (see dl_stage): the cluster's warps take rows gw,
+// gw + DL_GW, .. and keep them in their own block (to < 0), or store
+// them in block `to`.
+__device__ __forceinline__ void dl_matvec(const u8* ws, int n, int nb, const Q8Act& a, float* out, int gw,
                                           int to = -1) {
-    u64 rb = (u64)nb * TQ4_1::BYTES;
-    for (int r = gw; r < n; r += 2 * DL_GW) {
-        int r2 = r + DL_GW;
-        const u8* rows[2] = {w + (u64)r * rb, r2 < n ? w + (u64)r2 * rb : nullptr};
+    int rb = nb * TQ4_1::BYTES, warp = threadIdx.x / WARP;
+    for (int k = 0; k * DL_GW + gw < n; k += 2) {
+        int r = k * DL_GW + gw, r2 = r + DL_GW;
+        const u8* rows[2] = {ws + (u64)(k * DL_WARPS + warp) * rb,
+                             r2 < n ? ws + (u64)((k + 1) * DL_WARPS + warp) * rb : nullptr};
         float v[2];
         dl_dots<2>(rows, nb, a, v);
         for (int j = 0; j < 2 && r + j * DL_GW < n; j++) {
@@ -407,7 +447,7 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
                   const int* info, const u32* tables, int E, int F, int H, int HK, float eps, float scale,
                   int n_rot, float freq_base, float freq_scale, int mode, int bs, u64 block_elems,
                   u64 layer_off) {
-    extern __shared__ double dl_smem[];
+    extern __shared__ __align__(16) double dl_smem[];
     int QD = H * DL_HD, KVD = HK * DL_HD, G = H / HK, NS = DL_CL / HK, R = QD + 2 * KVD;
     int nb = E / 32;
     u64 rb = (u64)nb * TQ4_1::BYTES;
@@ -448,22 +488,21 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
                : r < QD + KVD ? wk + (u64)(r - QD) * rb
                               : wv + (u64)(r - QD - KVD) * rb;
     };
-    // This warp's q/k/v rows (gw, gw + DL_GW): lane's first block.
-    const u8* qkv_rows[2];
-    u32 wr[2][5];
+    // This warp's first DL_PRE q/k/v rows (gw, gw + DL_GW, ..): lane's
+    // first block.
+    const u8* qkv_rows[DL_PRE];
+    u32 wr[DL_PRE][5];
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < DL_PRE; j++) {
         qkv_rows[j] = qkv_row(gw + j * DL_GW);
         if (qkv_rows[j] && lane < nb) q41_load(qkv_rows[j] + (u64)lane * TQ4_1::BYTES, wr[j]);
     }
-    {
-        // The other matrices into L2.
-        int t = (int)rank * DL_THREADS + threadIdx.x, nt = DL_CL * DL_THREADS;
-        dl_prefetch(wo, (u64)E * QD / 32 * TQ4_1::BYTES, t, nt);
-        dl_prefetch(wg, (u64)F * E / 32 * TQ4_1::BYTES, t, nt);
-        dl_prefetch(wu, (u64)F * E / 32 * TQ4_1::BYTES, t, nt);
-        dl_prefetch(wd, (u64)E * F / 32 * TQ4_1::BYTES, t, nt);
-    }
+    // This block's rows of the other matrices into shared memory (read
+    // from the o stage on).
+    dl_stage(m.wo, wo, E, q41_row(QD), rank);
+    dl_stage(m.wg, wg, F, (int)rb, rank);
+    dl_stage(m.wu, wu, F, (int)rb, rank);
+    dl_stage(m.wd, wd, E, q41_row(F), rank);
     pdl_wait();
     DL_MARK(1);
     // Every block has started before any writes into another's memory.
@@ -475,9 +514,10 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
     DL_MARK(2);
     cl_wait();
     {
-        float s[2] = {0.0f, 0.0f};
+        float s[DL_PRE];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < DL_PRE; j++) {
+            s[j] = 0.0f;
             if (!qkv_rows[j]) continue;
             if (lane < nb) s[j] = q41_dot(wr[j], m.a, lane);
             for (int b = lane + WARP; b < nb; b += WARP) {
@@ -487,12 +527,12 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
             }
         }
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < DL_PRE; j++) {
             float v = warp_sum(s[j]);
             if (qkv_rows[j]) put(m.qkv + gw + j * DL_GW, v);
         }
-        // Rows past the two a warp preloads (narrow clusters).
-        for (int r = gw + 2 * DL_GW; r < R; r += DL_GW) {
+        // Rows past those a warp preloads (wider layers).
+        for (int r = gw + DL_PRE * DL_GW; r < R; r += DL_GW) {
             const u8* rows[1] = {qkv_row(r)};
             float v[1];
             dl_dots<1>(rows, nb, m.a, v);
@@ -542,10 +582,11 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
     cl_sync();
     DL_MARK(7);
 
-    // Merge the splits; o.
+    // Merge the splits (its barrier also publishes the staged weights); o.
+    cp_async_wait<0>();
     dl_merge(m, QD, G, NS);
     DL_MARK(8);
-    dl_matvec(wo, E, QD / 32, m.a, m.ob, gw);
+    dl_matvec(m.wo, E, QD / 32, m.a, m.ob, gw);
     DL_MARK(9);
     cl_sync();
     dl_gather(m.ob, E);
@@ -554,10 +595,10 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
     // norm of x + o; gate/up with SwiGLU.
     dl_norm(m.xs, m.ob, ffn_norm, E, eps, m.a);
     DL_MARK(11);
-    for (int j = gw; j < F; j += 2 * DL_GW) {
-        int j2 = j + DL_GW;
-        const u8* rows[4] = {wg + (u64)j * rb, wu + (u64)j * rb, j2 < F ? wg + (u64)j2 * rb : nullptr,
-                             j2 < F ? wu + (u64)j2 * rb : nullptr};
+    for (int k = 0; k * DL_GW + gw < F; k += 2) {
+        int j = k * DL_GW + gw, j2 = j + DL_GW;
+        u64 o1 = (u64)(k * DL_WARPS + warp) * rb, o2 = o1 + (u64)DL_WARPS * rb;
+        const u8* rows[4] = {m.wg + o1, m.wu + o1, j2 < F ? m.wg + o2 : nullptr, j2 < F ? m.wu + o2 : nullptr};
         float v[4];
         dl_dots<4>(rows, nb, m.a, v);
         put(m.act + j, silu_mul(v[0], v[1]));
@@ -572,7 +613,7 @@ decode_layer_q4_1(float* x, const float* attn_norm, const float* ffn_norm, const
     dl_quant(m.act, F, m.a);
     DL_MARK(14);
     // Only block 0 needs the down rows (it writes x): stored there.
-    dl_matvec(wd, E, F / 32, m.a, m.db, gw, 0);
+    dl_matvec(m.wd, E, F / 32, m.a, m.db, gw, 0);
     DL_MARK(15);
     cl_sync();
     DL_MARK(16);

@@ -4,7 +4,10 @@
 //!
 //! It takes what a batch-1 decode step of a small llama-layout model looks
 //! like: Q4_1 matrices, 64-dimensional heads, f32 norm scales, an f16 KV
-//! pool, production numerics; anything else runs op by op. The fused
+//! pool, production numerics, and widths small enough that each block's
+//! rows of o, gate, up and down fit in its shared memory with the rest
+//! ([`smem_bytes`]; SmolLM2-135M: about 185 KB); anything else runs op by
+//! op. The fused
 //! layer is on by default on sm_90+ where the device can place the
 //! cluster; `DS4_CUDA_FUSED_LAYER=0` turns it off (results agree
 //! to rounding; for comparisons).
@@ -19,7 +22,7 @@ use crate::quant::GgmlType;
 /// Blocks per cluster (`DL_CL`).
 pub const CLUSTER: u32 = 16;
 /// Threads per block (`DL_THREADS`).
-const THREADS: u32 = 1024;
+const THREADS: u32 = 768;
 /// Head dimension the kernel is written for (`DL_HD`).
 const HEAD_DIM: usize = 64;
 /// Warps per block (`DL_WARPS`).
@@ -45,7 +48,13 @@ pub fn smem_bytes(e: usize, f: usize, h: usize, hk: usize) -> usize {
         + r4(f)
         + r4(e)
         + 2 * r4(a / 32);
-    4 * floats + a
+    // This block's rows of o, gate, up and down (`dl_rows`, each region
+    // rounded up to 16 bytes).
+    let gw = CLUSTER as usize * WARPS;
+    let block = GgmlType::Q4_1.type_size();
+    let rows =
+        |n: usize, cols: usize| (n.div_ceil(gw) * WARPS * cols / 32 * block).div_ceil(16) * 16;
+    4 * floats + a + rows(e, qd) + 2 * rows(f, e) + rows(e, f)
 }
 
 /// Whether the fused kernel takes `layer` (see the module doc).
@@ -63,6 +72,10 @@ pub fn supports(
         w.ggml_type == GgmlType::Q4_1 && w.rows == rows && w.cols == cols
     };
     let norm = |w: &CudaWeight| w.rows == 1 && w.cols == e && w.dense.is_some();
+    // The kernel copies rows of these into shared memory 16 bytes at a time.
+    let aligned = [l.wo, l.w_gate, l.w_up, l.w_down]
+        .iter()
+        .all(|w| be.weight_ptr(w).is_multiple_of(16));
     let shape_ok = rows == 1
         && be.numerics == Numerics::Production
         && pool.dtype == KvDtype::F16
@@ -84,7 +97,8 @@ pub fn supports(
         && q4_1(l.w_up, f, e)
         && q4_1(l.w_down, e, f)
         && norm(l.attn_norm)
-        && norm(l.ffn_norm);
+        && norm(l.ffn_norm)
+        && aligned;
     shape_ok && cluster_fits(be, smem_bytes(e, f, a.n_head, a.n_head_kv) as u32)
 }
 
