@@ -114,6 +114,31 @@ impl Drop for Pinned {
     }
 }
 
+/// Pinned host memory that device-to-host copies land in, grown on
+/// demand: a copy into pageable memory goes through the driver's own
+/// staging (SmolLM2's logits, 196 KB, after every decode step).
+#[derive(Default)]
+pub struct ReadBack {
+    buf: Option<Pinned>,
+}
+
+impl ReadBack {
+    /// The host address of at least `bytes` bytes of pinned memory (the
+    /// context is bound to this thread).
+    pub fn reserve(&mut self, bytes: usize) -> Result<*mut u8, BackendError> {
+        match &self.buf {
+            Some(b) if b.len >= bytes => Ok(b.ptr),
+            _ => {
+                self.buf = None;
+                let b = Pinned::alloc(bytes.max(1).next_power_of_two())?;
+                let ptr = b.ptr;
+                self.buf = Some(b);
+                Ok(ptr)
+            }
+        }
+    }
+}
+
 /// Pinned host memory that host-to-device copies read from: the data of a
 /// recorded copy sits here until the stream has executed it, so the area
 /// is only reset after a synchronization.

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaGraph, CudaStream};
 
-use super::arena::{Region, Staging};
+use super::arena::{ReadBack, Region, Staging};
 use super::dev_err;
 use crate::backend::BackendError;
 
@@ -162,6 +162,8 @@ pub struct State {
     /// Scratch of one op; reset at the start of every op.
     pub scratch: Region,
     pub staging: Staging,
+    /// Where read-backs land before they are copied out.
+    pub readback: ReadBack,
     /// Uploads of this pass by content (every layer uploads the same
     /// positions and block tables).
     pub uploads: HashMap<Vec<u8>, u64>,
@@ -199,6 +201,7 @@ impl State {
             tensors: Region::new("tensor arena", 16 << 20),
             scratch: Region::new("op scratch", 4 << 20),
             staging: Staging::default(),
+            readback: ReadBack::default(),
             uploads: HashMap::new(),
             graphs: HashMap::new(),
             n_graphs: 0,
