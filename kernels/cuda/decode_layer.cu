@@ -30,7 +30,7 @@
 // the RoPE angles of its position, the keys and values of earlier
 // positions, its warps' q/k/v weight blocks (registers), and starts
 // copying its rows of o, gate, up and down into shared memory (about
-// 150 KB for SmolLM2); the next layer's launch, which starts as soon as
+// 130 KB for SmolLM2); the next layer's launch, which starts as soon as
 // this one has waited, does the same on other SMs while this one
 // computes.
 //
