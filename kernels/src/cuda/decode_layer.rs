@@ -7,10 +7,9 @@
 //! pool, production numerics, and widths small enough that each block's
 //! rows of o, gate, up and down fit in its shared memory with the rest
 //! ([`smem_bytes`]; SmolLM2-135M: about 185 KB); anything else runs op by
-//! op. The fused
-//! layer is on by default on sm_90+ where the device can place the
-//! cluster; `DS4_CUDA_FUSED_LAYER=0` turns it off (results agree
-//! to rounding; for comparisons).
+//! op. The fused layer is on by default on sm_90+ where the device can
+//! place the cluster; `DS4_CUDA_FUSED_LAYER=0` turns it off (results
+//! agree to rounding; for comparisons).
 
 use super::attention::{kv_tables, KvTables};
 use super::{CudaBackend, CudaKvPool, CudaTensor, CudaWeight};
