@@ -40,8 +40,9 @@ __device__ __forceinline__ float ld_h(const u8* p) {
 // wrote. Before the wait it may read only weights (which nothing writes)
 // and, where it says so, memory no kernel of the pass writes: the pass's
 // uploads (copied before the pass's first kernel, which every later one
-// starts after) and KV positions of earlier passes (decode_layer.cu). It then lets the next kernel launch, whose blocks can load their
-// weights while this one runs. Before sm_90 both are no-ops (the host
+// starts after) and KV positions of earlier passes (decode_layer.cu). It
+// then lets the next kernel launch, whose blocks can load their weights
+// while this one runs. Before sm_90 both are no-ops (the host
 // does not set the launch attribute there).
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
