@@ -5,9 +5,11 @@
 //! is one block-wise dot product of a weight row with an activation row.
 //! Exact numerics dequantize each weight row to f32 and use unrounded
 //! activations. Either way work is split over weight rows, so each weight
-//! byte is read once per call, whatever the number of tokens. Several
-//! tokens go through [`quant::gemm`], a register-tiled kernel that gives
-//! the same bits as one `vec_dot` per (weight row, token).
+//! byte is read once per call, whatever the number of tokens. One token
+//! goes four weight rows at a time ([`quant::vec_dot_rows4`]); several go
+//! through [`quant::gemm`], a tiled kernel. Both give the same bits as one
+//! `vec_dot` per (weight row, token), so a token's output does not depend
+//! on the batch it is in.
 
 use rayon::prelude::*;
 
@@ -67,8 +69,15 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
             .enumerate()
             .for_each(|(task, dst)| {
                 let base = task * ROWS_PER_TASK;
-                for (i, o) in dst.iter_mut().enumerate() {
-                    *o = quant::vec_dot(ty, k, w.row(base + i), &act);
+                let done = base + dst.len() / 4 * 4;
+                let mut fours = dst.chunks_exact_mut(4);
+                for (i, o) in (&mut fours).enumerate() {
+                    let r = base + 4 * i;
+                    let rows = [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)];
+                    o.copy_from_slice(&quant::vec_dot_rows4(ty, k, rows, &act));
+                }
+                for (i, o) in fours.into_remainder().iter_mut().enumerate() {
+                    *o = quant::vec_dot(ty, k, w.row(done + i), &act);
                 }
             });
         return Ok(());

@@ -2,11 +2,11 @@
 //! and the activation quantizer that feeds it.
 //!
 //! [`gemm`] gives, bit for bit, what a [`vec_dot`] per (weight row,
-//! activation row) pair gives, but where a tiled kernel exists
-//! (`gemm_x86.rs`: Q4_1 and Q8_0, on AVX2 or AVX-512 VNNI) each weight
-//! block is unpacked once per group of activation rows and every
-//! activation block is loaded once per group of weight rows. Other types
-//! and CPUs fall back to [`vec_dot_x4`] / [`vec_dot`].
+//! activation row) pair gives, but where the tiled kernel runs
+//! (`gemm_x86.rs`: Q4_1 and Q8_0 on AVX-512 VNNI) each weight block is
+//! unpacked once per group of activation rows, the activation rows are
+//! packed once per matmul, and one vector instruction serves sixteen
+//! pairs. Other types and CPUs fall back to [`vec_dot_x4`] / [`vec_dot`].
 //!
 //! [`quantize_act_row`] is [`quantize_row`] for the activation formats,
 //! bit for bit, vectorized for Q8_0 and Q8_1.
@@ -28,13 +28,12 @@ pub fn gemm(ty: GgmlType, k: usize, w: &[u8], act: &[u8], out: &mut [f32], ldo: 
 }
 
 /// Activation rows for several [`gemm_with`] calls over different weight
-/// rows of one matrix (a matmul split into tasks): what the tiled kernels
-/// derive from the rows (their transposed block scales) is made once here
-/// instead of once per call.
+/// rows of one matrix (a matmul split into tasks): the tiled kernel's
+/// packing of the rows is made once here instead of once per call.
 pub struct GemmAct<'a> {
     act: &'a [u8],
     #[cfg(target_arch = "x86_64")]
-    scales: Option<super::gemm_x86::ActScales>,
+    panel: Option<super::gemm_x86::ActPanel>,
 }
 
 impl<'a> GemmAct<'a> {
@@ -45,7 +44,7 @@ impl<'a> GemmAct<'a> {
         GemmAct {
             act,
             #[cfg(target_arch = "x86_64")]
-            scales: super::gemm_x86::ActScales::new(ty, k, act),
+            panel: super::gemm_x86::ActPanel::new(ty, k, act),
         }
     }
 }
@@ -110,14 +109,13 @@ pub fn quantize_act_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(),
     quantize_row(ty, src, dst)
 }
 
-/// Runs a tiled kernel where one exists for `ty` on this CPU.
+/// Runs the tiled kernel where it takes `ty` on this CPU.
 fn tiled(ty: GgmlType, k: usize, w: &[u8], a: &GemmAct, out: &mut [f32], ldo: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::gemm_x86::{self, Isa};
-        a.scales.as_ref().is_some_and(|s| {
-            Isa::best().is_some_and(|isa| gemm_x86::gemm(isa, ty, k, w, a.act, Some(s), out, ldo))
-        })
+        a.panel
+            .as_ref()
+            .is_some_and(|p| super::gemm_x86::gemm(ty, k, w, p, out, ldo))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -208,25 +206,11 @@ mod tests {
         }
     }
 
-    /// The F16C conversion the tiled kernels use for weight scales equals
-    /// the conversion table bit for bit, for every f16 (NaNs included).
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn f16c_conversion_matches_the_table() {
-        if let Some(pairs) = super::super::gemm_x86::f16_conversions() {
-            // Two conversions (low and high half) per f16.
-            for (h, (cvt, table)) in pairs.into_iter().enumerate() {
-                assert_eq!(cvt.to_bits(), table.to_bits(), "f16 {:#06x}", h / 2);
-            }
-        }
-    }
-
     type Run = Box<dyn Fn(GgmlType, usize, &[u8], &[u8], &mut [f32], usize)>;
 
-    /// [`gemm`], and each tiled kernel this CPU runs, called directly.
+    /// [`gemm`], alone and split over two calls sharing the activations.
     fn runs() -> Vec<Run> {
-        #[allow(unused_mut)]
-        let mut runs: Vec<Run> = vec![
+        let runs: Vec<Run> = vec![
             Box::new(gemm),
             // One prepared activation shared by two calls, each over half
             // of the weight rows (as a matmul's tasks share it).
@@ -238,23 +222,6 @@ mod tests {
                 gemm_with(ty, k, &w[half * wrow..], &prepared, &mut out[half..], ldo);
             }),
         ];
-        #[cfg(target_arch = "x86_64")]
-        {
-            use super::super::gemm_x86::{self, Isa};
-            for isa in [Isa::Avx2, Isa::Avx512Vnni] {
-                if !isa.available() {
-                    continue;
-                }
-                runs.push(Box::new(move |ty, k, w, act, out, ldo| {
-                    let tiled = matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0);
-                    let done = gemm_x86::gemm(isa, ty, k, w, act, None, out, ldo);
-                    assert_eq!(done, tiled, "{isa:?} kernel for {ty}");
-                    if !done {
-                        gemm(ty, k, w, act, out, ldo);
-                    }
-                }));
-            }
-        }
         runs
     }
 

@@ -29,10 +29,10 @@
 //! | `activation.rs` | Q8_0, Q8_1, Q8_K                               |
 //! | `k_quants.rs`   | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K                   |
 //! | `iq2.rs`        | IQ2_XXS and its lattice tables                 |
-//! | `dot.rs`        | [`vec_dot`] and the run-time kernel choice     |
+//! | `dot.rs`        | [`vec_dot`] (and four-row forms), the run-time kernel choice |
 //! | `gemm.rs`       | [`gemm()`] ([`gemm_with`] over [`GemmAct`] rows prepared once): weight rows × many activation rows |
 //! | `simd_x86.rs`   | AVX2 dot kernels (`unsafe`)                    |
-//! | `gemm_x86.rs`   | tiled gemm kernels, AVX2 / VNNI (`unsafe`)     |
+//! | `gemm_x86.rs`   | tiled gemm kernel (AVX-512 VNNI), Q8 activation quantizer (`unsafe`) |
 
 mod activation;
 mod dot;
@@ -51,7 +51,9 @@ mod types;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use dot::{dot_isa, simd_dot_types, vec_dot, vec_dot_scalar, vec_dot_x4, DotIsa};
+pub use dot::{
+    dot_isa, simd_dot_types, vec_dot, vec_dot_rows4, vec_dot_scalar, vec_dot_x4, DotIsa,
+};
 pub use gemm::{gemm, gemm_with, quantize_act_row, GemmAct};
 pub use iq2::{IQ2XXS_GRID, KMASK_IQ2XS, KSIGNS_IQ2XS};
 pub use types::{GgmlType, QuantError};

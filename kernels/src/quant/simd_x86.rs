@@ -24,6 +24,12 @@
 //! exact for every activation byte. Only Q8_0 × Q8_0 uses ggml's
 //! sign trick and needs activation quants in [-127, 127], which
 //! `quantize_row` guarantees.
+//!
+//! Q4_1 × Q8_1 and Q8_0 × Q8_0, the formats of the tiled GEMM, are the
+//! exception: they keep the scalar kernels' float arithmetic exactly (the
+//! exact integer dot of each block, then the scalar's f32 operations in
+//! block order), so they are bit-identical to them, and the tiled GEMM,
+//! which does the same per (weight row, activation row) pair, is too.
 
 #![allow(unsafe_code)]
 
@@ -53,6 +59,8 @@ pub(super) fn install(table: &mut DotTable) {
     table.set_simd(GgmlType::Q6_K, dot_q6_k_q8_k);
     table.set_simd4(GgmlType::Q4_1, dot4_q4_1_q8_1);
     table.set_simd4(GgmlType::Q8_0, dot4_q8_0_q8_0);
+    table.set_rows4(GgmlType::Q4_1, rows4_q4_1_q8_1);
+    table.set_rows4(GgmlType::Q8_0, rows4_q8_0_q8_0);
     table.isa = DotIsa::Avx2;
 }
 
@@ -91,6 +99,20 @@ macro_rules! wrapper4 {
 
 wrapper4!(dot4_q4_1_q8_1);
 wrapper4!(dot4_q8_0_q8_0);
+
+/// Declares a private safe wrapper around a four-weight-row AVX2 kernel.
+macro_rules! wrapper_rows4 {
+    ($name:ident) => {
+        fn $name(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+            // SAFETY: as for `wrapper!`: stored only by `install` after the
+            // features were detected; reads are bounded by the slices.
+            unsafe { avx2::$name(w, a) }
+        }
+    };
+}
+
+wrapper_rows4!(rows4_q4_1_q8_1);
+wrapper_rows4!(rows4_q8_0_q8_0);
 
 mod avx2 {
     //! The kernels. Every function here requires AVX2, FMA and F16C, and
@@ -179,6 +201,28 @@ mod avx2 {
         (w.len() / wb).min(a.len() / ab)
     }
 
+    /// `sumf` over blocks `0..$nb` in block order: `$step(sumf, i, sumi)`
+    /// with block `i`'s exact integer dot `sumi`, the sum of the i32
+    /// lanes `$lanes(i)`; the lanes of four blocks are summed together
+    /// (integer sums are exact in any order). A macro rather than a
+    /// function so the closures are compiled with the caller's features.
+    macro_rules! by_four_blocks {
+        ($nb:expr, $lanes:expr, $step:expr) => {{
+            let (nb, mut sumf, mut i) = ($nb, 0f32, 0);
+            while i + 4 <= nb {
+                let sums = hsum4_epi32([$lanes(i), $lanes(i + 1), $lanes(i + 2), $lanes(i + 3)]);
+                for (k, sumi) in sums.into_iter().enumerate() {
+                    sumf = $step(sumf, i + k, sumi);
+                }
+                i += 4;
+            }
+            for i in i..nb {
+                sumf = $step(sumf, i, hsum_epi32($lanes(i)));
+            }
+            sumf
+        }};
+    }
+
     /// Evaluates `$body` (an `__m256` accumulator update that reads `$i`
     /// and `$acc`) for every block `$i < $nb`, alternating two accumulators
     /// so consecutive FMAs do not wait on each other; yields their sum.
@@ -251,37 +295,132 @@ mod avx2 {
         hsum_ps(sum) + crate::quant::float::dot_f16(&w[done..], &a[done..])
     }
 
+    /// Q4_1 × Q8_1 with the scalar kernel's arithmetic (`q4.rs`), bit for
+    /// bit: per block the exact integer dot (vectorized), then `sumf +=
+    /// (d_w * d_a) * sumi + m_w * s_a` in f32, in block order. The tiled
+    /// GEMM (`gemm_x86.rs`) does the same per (weight row, activation
+    /// row) pair, so a row's result does not depend on the batch.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_q4_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
         let nb = blocks(w, Q4_1_BYTES, a, Q8_1_BYTES);
         let (wp, ap) = (w.as_ptr(), a.as_ptr());
-        let mut mins = 0f32; // sum of m_w * s_a
-        let acc = two_accumulators!(nb, |i, acc| {
-            // SAFETY: i < nb, so both blocks lie inside the rows.
+        // SAFETY (both): i < nb, so both blocks lie inside the rows.
+        let lanes = |i: usize| {
             let (x, y) = (wp.add(i * Q4_1_BYTES), ap.add(i * Q8_1_BYTES));
-            mins += f16_load(x.add(2)) * f16_load(y.add(2));
-            let d = _mm256_set1_ps(f16_load(x) * f16_load(y));
-            let q = dot_u8_i8(nibbles32(x.add(4)), load256(y.add(4)));
-            _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc)
-        });
-        hsum_ps(acc) + mins
+            dot_u8_i8(nibbles32(x.add(4)), load256(y.add(4)))
+        };
+        let step = |sumf: f32, i: usize, sumi: i32| {
+            let (x, y) = (wp.add(i * Q4_1_BYTES), ap.add(i * Q8_1_BYTES));
+            sumf + ((f16_load(x) * f16_load(y)) * sumi as f32
+                + f16_load(x.add(2)) * f16_load(y.add(2)))
+        };
+        by_four_blocks!(nb, lanes, step)
     }
 
+    /// Q8_0 × Q8_0 with the scalar kernel's arithmetic (`activation.rs`),
+    /// bit for bit: per block the exact integer dot, then `sumf += sumi *
+    /// (d_w * d_a)` in f32, in block order (see [`dot_q4_1_q8_1`]).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
         let nb = blocks(w, Q8_0_BYTES, a, Q8_0_BYTES);
         let (wp, ap) = (w.as_ptr(), a.as_ptr());
-        let acc = two_accumulators!(nb, |i, acc| {
-            // SAFETY: i < nb, so both blocks lie inside the rows.
+        // SAFETY (both): i < nb, so both blocks lie inside the rows.
+        let lanes = |i: usize| {
             let (x, y) = (wp.add(i * Q8_0_BYTES), ap.add(i * Q8_0_BYTES));
-            let d = _mm256_set1_ps(f16_load(x) * f16_load(y));
             let qx = load256(x.add(2));
-            let qy = load256(y.add(2));
             // |x| as u8 times y with x's sign: exact while y != -128.
-            let q = dot_u8_i8(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
-            _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc)
-        });
-        hsum_ps(acc)
+            dot_u8_i8(
+                _mm256_sign_epi8(qx, qx),
+                _mm256_sign_epi8(load256(y.add(2)), qx),
+            )
+        };
+        let step = |sumf: f32, i: usize, sumi: i32| {
+            let (x, y) = (wp.add(i * Q8_0_BYTES), ap.add(i * Q8_0_BYTES));
+            sumf + sumi as f32 * (f16_load(x) * f16_load(y))
+        };
+        by_four_blocks!(nb, lanes, step)
+    }
+
+    /// The sums of four vectors' eight i32 lanes (exact), in lane order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum4_epi32_v(q: [__m256i; 4]) -> __m128i {
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
+        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+    }
+
+    /// [`hsum4_epi32_v`] as an array.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum4_epi32(q: [__m256i; 4]) -> [i32; 4] {
+        let mut out = [0i32; 4];
+        _mm_storeu_si128(out.as_mut_ptr().cast(), hsum4_epi32_v(q));
+        out
+    }
+
+    /// The f16 at byte `off` of each of four blocks, converted (F16C, equal
+    /// to the conversion table for every f16).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16x4(x: [*const u8; 4], off: usize) -> __m128 {
+        let h = x.map(|p| p.add(off).cast::<i16>().read_unaligned());
+        _mm_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], 0, 0, 0, 0))
+    }
+
+    /// Blocks that all four weight rows and the activation row hold.
+    #[inline(always)]
+    fn blocks_rows4(w: &[&[u8]; 4], wb: usize, a: &[u8], ab: usize) -> usize {
+        w.iter().fold(a.len() / ab, |nb, r| nb.min(r.len() / wb))
+    }
+
+    /// [`dot_q4_1_q8_1`] of four weight rows with one activation row, one
+    /// row per lane: the activation block is loaded once, the four
+    /// blocks' integer sums are reduced together, and each lane performs
+    /// the single-row kernel's f32 operations in its order, so results are
+    /// bit-identical to it.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows4_q4_1_q8_1(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+        let nb = blocks_rows4(&w, Q4_1_BYTES, a, Q8_1_BYTES);
+        let (wp, ap) = (w.map(|r| r.as_ptr()), a.as_ptr());
+        let mut sumf = _mm_setzero_ps();
+        for i in 0..nb {
+            // SAFETY: i < nb, so every block read lies inside its row.
+            let y = ap.add(i * Q8_1_BYTES);
+            let x = wp.map(|p| p.add(i * Q4_1_BYTES));
+            let qy = load256(y.add(4));
+            let sumi = hsum4_epi32_v(x.map(|x| dot_u8_i8(nibbles32(x.add(4)), qy)));
+            let d = _mm_mul_ps(f16x4(x, 0), _mm_set1_ps(f16_load(y)));
+            let mins = _mm_mul_ps(f16x4(x, 2), _mm_set1_ps(f16_load(y.add(2))));
+            let t = _mm_add_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(sumi)), mins);
+            sumf = _mm_add_ps(sumf, t);
+        }
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), sumf);
+        out
+    }
+
+    /// [`dot_q8_0_q8_0`] of four weight rows with one activation row,
+    /// bit-identical to four single-row calls (see [`rows4_q4_1_q8_1`]).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows4_q8_0_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+        let nb = blocks_rows4(&w, Q8_0_BYTES, a, Q8_0_BYTES);
+        let (wp, ap) = (w.map(|r| r.as_ptr()), a.as_ptr());
+        let mut sumf = _mm_setzero_ps();
+        for i in 0..nb {
+            // SAFETY: i < nb, so every block read lies inside its row.
+            let y = ap.add(i * Q8_0_BYTES);
+            let x = wp.map(|p| p.add(i * Q8_0_BYTES));
+            let qy = load256(y.add(2));
+            let sumi = hsum4_epi32_v(x.map(|x| {
+                let qx = load256(x.add(2));
+                dot_u8_i8(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx))
+            }));
+            let d = _mm_mul_ps(f16x4(x, 0), _mm_set1_ps(f16_load(y)));
+            sumf = _mm_add_ps(sumf, _mm_mul_ps(_mm_cvtepi32_ps(sumi), d));
+        }
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), sumf);
+        out
     }
 
     /// Blocks that a weight row and all four activation rows hold.
@@ -291,16 +430,15 @@ mod avx2 {
     }
 
     /// [`dot_q4_1_q8_1`] of one weight row with four activation rows at
-    /// once: the weight block is unpacked once for all four. Each row's
-    /// arithmetic is performed in exactly the single-row order (the same
-    /// two alternating accumulators), so results are bit-identical to it.
+    /// once: the weight block is unpacked once for all four; each row's
+    /// arithmetic is the single-row kernel's, so results are bit-identical
+    /// to it.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot4_q4_1_q8_1(w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
         let nb = blocks4(w, Q4_1_BYTES, &a, Q8_1_BYTES);
         let wp = w.as_ptr();
         let ap = a.map(|r| r.as_ptr());
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-        let mut mins = [0f32; 4];
+        let mut sumf = [0f32; 4];
         for i in 0..nb {
             // SAFETY: i < nb, so the weight block and each activation block
             // lie inside their rows.
@@ -309,17 +447,11 @@ mod avx2 {
             let qx = nibbles32(x.add(4));
             for r in 0..4 {
                 let y = ap[r].add(i * Q8_1_BYTES);
-                mins[r] += mw * f16_load(y.add(2));
-                let d = _mm256_set1_ps(dw * f16_load(y));
-                let q = dot_u8_i8(qx, load256(y.add(4)));
-                acc[r][i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc[r][i & 1]);
+                let sumi = hsum_epi32(dot_u8_i8(qx, load256(y.add(4))));
+                sumf[r] += (dw * f16_load(y)) * sumi as f32 + mw * f16_load(y.add(2));
             }
         }
-        let mut out = [0f32; 4];
-        for r in 0..4 {
-            out[r] = hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1])) + mins[r];
-        }
-        out
+        sumf
     }
 
     /// [`dot_q8_0_q8_0`] of one weight row with four activation rows at
@@ -329,7 +461,7 @@ mod avx2 {
         let nb = blocks4(w, Q8_0_BYTES, &a, Q8_0_BYTES);
         let wp = w.as_ptr();
         let ap = a.map(|r| r.as_ptr());
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        let mut sumf = [0f32; 4];
         for i in 0..nb {
             // SAFETY: i < nb, so every block read lies inside its row.
             let x = wp.add(i * Q8_0_BYTES);
@@ -338,16 +470,11 @@ mod avx2 {
             let ax = _mm256_sign_epi8(qx, qx);
             for r in 0..4 {
                 let y = ap[r].add(i * Q8_0_BYTES);
-                let d = _mm256_set1_ps(dw * f16_load(y));
                 let q = dot_u8_i8(ax, _mm256_sign_epi8(load256(y.add(2)), qx));
-                acc[r][i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc[r][i & 1]);
+                sumf[r] += hsum_epi32(q) as f32 * (dw * f16_load(y));
             }
         }
-        let mut out = [0f32; 4];
-        for r in 0..4 {
-            out[r] = hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1]));
-        }
-        out
+        sumf
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -532,4 +659,35 @@ mod avx2 {
         }
         hsum_ps(acc) - offsets
     }
+}
+
+/// The F16C conversion of each f16 bit pattern, for the test that it
+/// equals the conversion table; `None` without F16C.
+#[cfg(test)]
+pub(super) fn f16c_conversions() -> Option<Vec<f32>> {
+    if !is_x86_feature_detected!("f16c") {
+        return None;
+    }
+    let all: Vec<u16> = (0..=u16::MAX).collect();
+    let out = all
+        .chunks_exact(8)
+        .flat_map(|c| {
+            let mut v = [0f32; 8];
+            // SAFETY: F16C was detected; `c` holds 8 u16 and `v` 8 f32.
+            unsafe { f16c8(c.as_ptr(), v.as_mut_ptr()) };
+            v
+        })
+        .collect();
+    Some(out)
+}
+
+/// Eight f16 at `src` converted to f32 at `dst`.
+///
+/// # Safety
+/// F16C; 8 readable u16 at `src`, 8 writable f32 at `dst`.
+#[cfg(test)]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn f16c8(src: *const u16, dst: *mut f32) {
+    // SAFETY: the caller's bounds.
+    unsafe { _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128(src.cast()))) };
 }

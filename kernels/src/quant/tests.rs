@@ -95,6 +95,70 @@ fn four_row_dots_equal_single_row_dots_bit_for_bit() {
     }
 }
 
+/// Q4_1 and Q8_0, the tiled GEMM's formats, give the scalar kernel's
+/// result bit for bit on every path (the SIMD row kernel, four
+/// activation or four weight rows at once), on random rows and on rows of extreme and zero blocks.
+#[test]
+fn gemm_formats_dot_bit_identical_to_scalar() {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        let at = ty.vec_dot_type();
+        for (seed, &n) in [32usize, 64, 96, 576, 1536].iter().enumerate() {
+            let mut wf = floats(seed as u64, n, 1.0);
+            wf[..32].fill(0.0);
+            if n > 64 {
+                for (j, v) in wf[32..64].iter_mut().enumerate() {
+                    *v = if j % 3 == 0 { 40.0 } else { -0.001 * j as f32 };
+                }
+            }
+            let w = quantized(ty, &wf);
+            let acts: Vec<Vec<u8>> = (0..4)
+                .map(|r| quantized(at, &floats(100 + r, n, 10f32.powi(r as i32 - 2))))
+                .collect();
+            let four = vec_dot_x4(ty, n, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+            for (r, a) in acts.iter().enumerate() {
+                let want = vec_dot_scalar(ty, n, &w, a).to_bits();
+                assert_eq!(vec_dot(ty, n, &w, a).to_bits(), want, "{ty} n={n} row {r}");
+                assert_eq!(four[r].to_bits(), want, "{ty} n={n} row {r} (x4)");
+            }
+            // Four weight rows (the extreme one among them) against each
+            // activation row.
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|i| {
+                    if i == 2 {
+                        w.clone()
+                    } else {
+                        quantized(ty, &floats(50 + i, n, 2.0))
+                    }
+                })
+                .collect();
+            for (r, a) in acts.iter().enumerate() {
+                let got = vec_dot_rows4(ty, n, [&ws[0], &ws[1], &ws[2], &ws[3]], a);
+                for (i, w) in ws.iter().enumerate() {
+                    let want = vec_dot_scalar(ty, n, w, a).to_bits();
+                    assert_eq!(
+                        got[i].to_bits(),
+                        want,
+                        "{ty} n={n} act {r} weight row {i} (rows4)"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The F16C conversion that the Q4_1 / Q8_0 kernels use for block scales
+/// equals the conversion table of the scalar kernels for every f16 bit
+/// pattern, NaNs included (both quiet them and keep the payload).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn f16c_conversion_matches_the_table() {
+    if let Some(cvt) = super::simd_x86::f16c_conversions() {
+        for (h, v) in cvt.into_iter().enumerate() {
+            assert_eq!(v.to_bits(), types::F16_TO_F32[h].to_bits(), "f16 {h:#06x}");
+        }
+    }
+}
+
 #[test]
 fn vec_dot_reads_only_n_elements() {
     // Slices longer than `n` elements: debug builds reject the mismatch,
