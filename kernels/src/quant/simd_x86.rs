@@ -59,8 +59,16 @@ pub(super) fn install(table: &mut DotTable) {
     table.set_simd(GgmlType::Q6_K, dot_q6_k_q8_k);
     table.set_simd4(GgmlType::Q4_1, dot4_q4_1_q8_1);
     table.set_simd4(GgmlType::Q8_0, dot4_q8_0_q8_0);
-    table.set_rows4(GgmlType::Q4_1, rows4_q4_1_q8_1);
-    table.set_rows4(GgmlType::Q8_0, rows4_q8_0_q8_0);
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+    {
+        table.set_rows4(GgmlType::Q4_1, rows4_q4_1_q8_1_vnni);
+        table.set_rows4(GgmlType::Q8_0, rows4_q8_0_q8_0_vnni);
+    } else {
+        table.set_rows4(GgmlType::Q4_1, rows4_q4_1_q8_1);
+        table.set_rows4(GgmlType::Q8_0, rows4_q8_0_q8_0);
+    }
     table.isa = DotIsa::Avx2;
 }
 
@@ -100,12 +108,13 @@ macro_rules! wrapper4 {
 wrapper4!(dot4_q4_1_q8_1);
 wrapper4!(dot4_q8_0_q8_0);
 
-/// Declares a private safe wrapper around a four-weight-row AVX2 kernel.
+/// Declares a private safe wrapper around a four-weight-row kernel.
 macro_rules! wrapper_rows4 {
     ($name:ident) => {
         fn $name(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
             // SAFETY: as for `wrapper!`: stored only by `install` after the
-            // features were detected; reads are bounded by the slices.
+            // features were detected (AVX-512 VL and VNNI too for the
+            // `_vnni` kernels); reads are bounded by the slices.
             unsafe { avx2::$name(w, a) }
         }
     };
@@ -113,6 +122,8 @@ macro_rules! wrapper_rows4 {
 
 wrapper_rows4!(rows4_q4_1_q8_1);
 wrapper_rows4!(rows4_q8_0_q8_0);
+wrapper_rows4!(rows4_q4_1_q8_1_vnni);
+wrapper_rows4!(rows4_q8_0_q8_0_vnni);
 
 mod avx2 {
     //! The kernels. Every function here requires AVX2, FMA and F16C, and
@@ -199,6 +210,88 @@ mod avx2 {
     #[inline(always)]
     fn blocks(w: &[u8], wb: usize, a: &[u8], ab: usize) -> usize {
         (w.len() / wb).min(a.len() / ab)
+    }
+
+    /// Generates the four-weight-row kernels (Q4_1 × Q8_1, Q8_0 × Q8_0) for
+    /// one feature set; `$vnni`: whether they may use `vpdpbusd`.
+    ///
+    /// Each is [`dot_q4_1_q8_1`] / [`dot_q8_0_q8_0`] of four weight rows
+    /// with one activation row, one row per f32 lane: the activation
+    /// block is loaded once, the four blocks' integer sums are reduced
+    /// together, their scales converted together, and each lane performs
+    /// the single-row kernel's f32 operations in its order, so results
+    /// are bit-identical to it. Integer lane sums, exact either way:
+    /// `maddubs` + `madd` (AVX2) or `vpdpbusd`; Q8_0 on VNNI takes
+    /// `x + 128` (u8) and starts from `-128 * sum4(y)`, since
+    /// `(x + 128) * y - 128 * y = x * y`.
+    macro_rules! rows4_kernels {
+        ($q41:ident, $q80:ident, $features:literal, $vnni:literal) => {
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $q41(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+                let nb = blocks_rows4(&w, Q4_1_BYTES, a, Q8_1_BYTES);
+                let (wp, ap) = (w.map(|r| r.as_ptr()), a.as_ptr());
+                prefetch_ahead(&w);
+                let mut sumf = _mm_setzero_ps();
+                for i in 0..nb {
+                    // SAFETY: i < nb, so every block read lies inside its row.
+                    let y = ap.add(i * Q8_1_BYTES);
+                    let x = wp.map(|p| p.add(i * Q4_1_BYTES));
+                    let qy = load256(y.add(4));
+                    let sumi = hsum4_epi32_v(x.map(|x| {
+                        if $vnni {
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles32(x.add(4)), qy)
+                        } else {
+                            dot_u8_i8(nibbles32(x.add(4)), qy)
+                        }
+                    }));
+                    let (dw, mw) = f16_pairs4(x);
+                    let d = _mm_mul_ps(dw, _mm_set1_ps(f16_load(y)));
+                    let mins = _mm_mul_ps(mw, _mm_set1_ps(f16_load(y.add(2))));
+                    let t = _mm_add_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(sumi)), mins);
+                    sumf = _mm_add_ps(sumf, t);
+                }
+                let mut out = [0f32; 4];
+                _mm_storeu_ps(out.as_mut_ptr(), sumf);
+                out
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $q80(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
+                let nb = blocks_rows4(&w, Q8_0_BYTES, a, Q8_0_BYTES);
+                let (wp, ap) = (w.map(|r| r.as_ptr()), a.as_ptr());
+                prefetch_ahead(&w);
+                let mut sumf = _mm_setzero_ps();
+                for i in 0..nb {
+                    // SAFETY: i < nb, so every block read lies inside its row.
+                    let y = ap.add(i * Q8_0_BYTES);
+                    let x = wp.map(|p| p.add(i * Q8_0_BYTES));
+                    let qy = load256(y.add(2));
+                    let sumi = if $vnni {
+                        let bias = _mm256_set1_epi8(-128);
+                        let start = _mm256_sub_epi32(
+                            _mm256_setzero_si256(),
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, qy),
+                        );
+                        hsum4_epi32_v(x.map(|x| {
+                            let ux = _mm256_xor_si256(load256(x.add(2)), bias);
+                            _mm256_dpbusd_epi32(start, ux, qy)
+                        }))
+                    } else {
+                        hsum4_epi32_v(x.map(|x| {
+                            let qx = load256(x.add(2));
+                            // |x| as u8 times y with x's sign: exact while
+                            // y != -128.
+                            dot_u8_i8(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx))
+                        }))
+                    };
+                    let d = _mm_mul_ps(f16x4(x), _mm_set1_ps(f16_load(y)));
+                    sumf = _mm_add_ps(sumf, _mm_mul_ps(_mm_cvtepi32_ps(sumi), d));
+                }
+                let mut out = [0f32; 4];
+                _mm_storeu_ps(out.as_mut_ptr(), sumf);
+                out
+            }
+        };
     }
 
     /// `sumf` over blocks `0..$nb` in block order: `$step(sumf, i, sumi)`
@@ -358,13 +451,40 @@ mod avx2 {
         out
     }
 
-    /// The f16 at byte `off` of each of four blocks, converted (F16C, equal
-    /// to the conversion table for every f16).
+    /// The leading f16 of each of four blocks, converted (F16C, equal to
+    /// the conversion table for every f16).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16x4(x: [*const u8; 4], off: usize) -> __m128 {
-        let h = x.map(|p| p.add(off).cast::<i16>().read_unaligned());
+    unsafe fn f16x4(x: [*const u8; 4]) -> __m128 {
+        let h = x.map(|p| p.cast::<i16>().read_unaligned());
         _mm_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], 0, 0, 0, 0))
+    }
+
+    /// The two leading f16 (`d`, `m`) of each of four blocks, converted as
+    /// [`f16x4`]: `([d0, d1, d2, d3], [m0, m1, m2, m3])`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16_pairs4(x: [*const u8; 4]) -> (__m128, __m128) {
+        let h = x.map(|p| p.cast::<i32>().read_unaligned());
+        let dm = _mm256_cvtph_ps(_mm_setr_epi32(h[0], h[1], h[2], h[3]));
+        let dm = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+        (_mm256_castps256_ps128(dm), _mm256_extractf128_ps::<1>(dm))
+    }
+
+    /// Prefetches the eight rows that follow `w`'s last row in memory,
+    /// assumed as long as it (a matmul's next calls, when its rows are
+    /// consecutive; only a hint otherwise). The four rows of a call
+    /// advance block by block, four interleaved streams that the hardware
+    /// prefetchers do not follow as well as one row after another.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn prefetch_ahead(w: &[&[u8]; 4]) {
+        let len = w[3].len();
+        let start = w[3].as_ptr().wrapping_add(len + 4 * len);
+        for off in (0..4 * len).step_by(64) {
+            // A prefetch never faults, whatever the address.
+            _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(off).cast());
+        }
     }
 
     /// Blocks that all four weight rows and the activation row hold.
@@ -373,55 +493,13 @@ mod avx2 {
         w.iter().fold(a.len() / ab, |nb, r| nb.min(r.len() / wb))
     }
 
-    /// [`dot_q4_1_q8_1`] of four weight rows with one activation row, one
-    /// row per lane: the activation block is loaded once, the four
-    /// blocks' integer sums are reduced together, and each lane performs
-    /// the single-row kernel's f32 operations in its order, so results are
-    /// bit-identical to it.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn rows4_q4_1_q8_1(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-        let nb = blocks_rows4(&w, Q4_1_BYTES, a, Q8_1_BYTES);
-        let (wp, ap) = (w.map(|r| r.as_ptr()), a.as_ptr());
-        let mut sumf = _mm_setzero_ps();
-        for i in 0..nb {
-            // SAFETY: i < nb, so every block read lies inside its row.
-            let y = ap.add(i * Q8_1_BYTES);
-            let x = wp.map(|p| p.add(i * Q4_1_BYTES));
-            let qy = load256(y.add(4));
-            let sumi = hsum4_epi32_v(x.map(|x| dot_u8_i8(nibbles32(x.add(4)), qy)));
-            let d = _mm_mul_ps(f16x4(x, 0), _mm_set1_ps(f16_load(y)));
-            let mins = _mm_mul_ps(f16x4(x, 2), _mm_set1_ps(f16_load(y.add(2))));
-            let t = _mm_add_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(sumi)), mins);
-            sumf = _mm_add_ps(sumf, t);
-        }
-        let mut out = [0f32; 4];
-        _mm_storeu_ps(out.as_mut_ptr(), sumf);
-        out
-    }
-
-    /// [`dot_q8_0_q8_0`] of four weight rows with one activation row,
-    /// bit-identical to four single-row calls (see [`rows4_q4_1_q8_1`]).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn rows4_q8_0_q8_0(w: [&[u8]; 4], a: &[u8]) -> [f32; 4] {
-        let nb = blocks_rows4(&w, Q8_0_BYTES, a, Q8_0_BYTES);
-        let (wp, ap) = (w.map(|r| r.as_ptr()), a.as_ptr());
-        let mut sumf = _mm_setzero_ps();
-        for i in 0..nb {
-            // SAFETY: i < nb, so every block read lies inside its row.
-            let y = ap.add(i * Q8_0_BYTES);
-            let x = wp.map(|p| p.add(i * Q8_0_BYTES));
-            let qy = load256(y.add(2));
-            let sumi = hsum4_epi32_v(x.map(|x| {
-                let qx = load256(x.add(2));
-                dot_u8_i8(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx))
-            }));
-            let d = _mm_mul_ps(f16x4(x, 0), _mm_set1_ps(f16_load(y)));
-            sumf = _mm_add_ps(sumf, _mm_mul_ps(_mm_cvtepi32_ps(sumi), d));
-        }
-        let mut out = [0f32; 4];
-        _mm_storeu_ps(out.as_mut_ptr(), sumf);
-        out
-    }
+    rows4_kernels!(rows4_q4_1_q8_1, rows4_q8_0_q8_0, "avx2,fma,f16c", false);
+    rows4_kernels!(
+        rows4_q4_1_q8_1_vnni,
+        rows4_q8_0_q8_0_vnni,
+        "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+        true
+    );
 
     /// Blocks that a weight row and all four activation rows hold.
     #[inline(always)]
@@ -690,4 +768,56 @@ pub(super) fn f16c_conversions() -> Option<Vec<f32>> {
 unsafe fn f16c8(src: *const u16, dst: *mut f32) {
     // SAFETY: the caller's bounds.
     unsafe { _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128(src.cast()))) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::tests::{floats, quantized};
+    use crate::quant::vec_dot_scalar;
+
+    /// Both four-weight-row kernels of each format (AVX2 and, where the
+    /// CPU has it, VNNI) equal the scalar kernel bit for bit, whichever of
+    /// them `install` chose.
+    #[test]
+    fn every_rows4_kernel_is_bit_identical_to_scalar() {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            return;
+        }
+        let vnni = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni");
+        type Rows4 = fn([&[u8]; 4], &[u8]) -> [f32; 4];
+        let kernels: [(GgmlType, Rows4, bool); 4] = [
+            (GgmlType::Q4_1, rows4_q4_1_q8_1, true),
+            (GgmlType::Q8_0, rows4_q8_0_q8_0, true),
+            (GgmlType::Q4_1, rows4_q4_1_q8_1_vnni, vnni),
+            (GgmlType::Q8_0, rows4_q8_0_q8_0_vnni, vnni),
+        ];
+        for (ty, kernel, runs) in kernels {
+            if !runs {
+                continue;
+            }
+            for (seed, n) in [32usize, 96, 576, 1536].into_iter().enumerate() {
+                let ws: Vec<Vec<u8>> = (0..4)
+                    .map(|i| {
+                        let mut f = floats(seed as u64 * 10 + i, n, 1.0);
+                        if i == 1 {
+                            f[..32].fill(0.0);
+                        }
+                        quantized(ty, &f)
+                    })
+                    .collect();
+                let a = quantized(ty.vec_dot_type(), &floats(77 + seed as u64, n, 3.0));
+                let got = kernel([&ws[0], &ws[1], &ws[2], &ws[3]], &a);
+                for (i, w) in ws.iter().enumerate() {
+                    let want = vec_dot_scalar(ty, n, w, &a);
+                    assert_eq!(got[i].to_bits(), want.to_bits(), "{ty} n={n} row {i}");
+                }
+            }
+        }
+    }
 }
