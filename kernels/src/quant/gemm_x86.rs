@@ -9,29 +9,33 @@
 //! (`simd_x86.rs`) compute the same, so a row's result does not depend on
 //! the rows batched with it.
 //!
-//! **Layout.** The sixteen 32-bit lanes of a vector are eight activation
-//! rows × two weight rows: lane `2j + h` is activation row `j` of the
-//! tile with weight row `h` of a pair, and holds that pair's running
-//! `sumf`. A block's integer dots for all sixteen pairs are eight
-//! `vpdpbusd`, one per 4-byte segment `s` of the block: the weight pair's
-//! segment (the two rows' dwords as one qword broadcast to every lane;
-//! unsigned: Q4_1 nibbles, Q8_0 `x + 128`) times the activation rows'
-//! segment (signed, each row's dword in its two lanes), summed in i32
-//! from a start of 0 (Q4_1) or `-128 * sum(y)` (Q8_0, since `(x + 128) *
-//! y - 128 * y = x * y`). Integer sums are exact in any order; the float
-//! steps are then one lane per pair, in the scalar order.
+//! **Layout.** The sixteen 32-bit lanes of a vector are `16 / G`
+//! activation rows × `G` weight rows: lane `j * G + h` is activation row
+//! `j` of the tile with weight row `h` of a group, and holds that pair's
+//! running `sumf`. `G = 2` (eight activation rows a tile) suits most
+//! counts; `G = 8` (two) serves counts that would leave eight-row tiles
+//! mostly idle, such as 2 to 5 rows. A block's integer dots for all
+//! sixteen pairs are eight `vpdpbusd`, one per 4-byte segment `s` of the
+//! block: the weight group's segment (its rows' dwords, broadcast to
+//! every lane group; unsigned: Q4_1 nibbles, Q8_0 `x + 128`) times the
+//! activation rows' segment (signed, each row's dword over its lane
+//! group), summed in i32 from a start of 0 (Q4_1) or `-128 * sum(y)`
+//! (Q8_0, since `(x + 128) * y - 128 * y = x * y`). Integer sums are exact
+//! in any order; the float steps are then one lane per pair, in the scalar
+//! order.
 //!
 //! The activation rows are packed once per matmul ([`ActPanel`]); each
 //! tile of eight weight rows is prepared once per chunk of 64 activation
-//! rows (kept in L2) and swept against the chunk's tiles of eight.
+//! rows (kept in L2: nibbles unpacked, rows interleaved by group, scales
+//! converted) and swept against the chunk's activation tiles.
 //!
 //! Soundness rests on two invariants:
 //!
 //! 1. **Features.** Every kernel is a `#[target_feature] unsafe fn`,
 //!    reached only through [`gemm`], [`ActPanel::new`] and
 //!    [`quantize_q8`], which return without calling it unless
-//!    `is_x86_feature_detected!` confirmed the features ([`vnni`],
-//!    [`avx2`]).
+//!    `is_x86_feature_detected!` confirmed the features ([`vnni()`],
+//!    [`avx2()`]).
 //! 2. **Bounds.** The entry points check every slice length up front;
 //!    kernels then only read blocks `b < nb` of rows `< m` (weights) and
 //!    `< n` (activations), and tables within their sizes (stated where
@@ -76,13 +80,22 @@ fn f16_at(b: &[u8], off: usize) -> f32 {
     F16_TO_F32[u16::from_le_bytes([b[off], b[off + 1]]) as usize]
 }
 
-/// Activation rows per tile (vector lanes hold two weight rows each).
-const RA: usize = 8;
-/// Weight rows per tile: four pairs.
+/// Weight rows per tile.
 const RW: usize = 8;
-const PAIRS: usize = RW / 2;
-/// Activation tiles per sweep over the weight rows (64 rows).
-const CHUNK_TILES: usize = 8;
+/// Activation rows per sweep over the weight rows.
+const CHUNK_ROWS: usize = 64;
+
+/// The tile shape for `n` activation rows: `G` weight rows per vector,
+/// `16 / G` activation rows (lane `j * G + g`). `G = 2` (eight activation
+/// rows) unless that leaves more than two lanes of its last tile idle; then
+/// `G = 8` (two activation rows), whose tiles waste at most one row.
+fn weight_rows_per_lane_group(n: usize) -> usize {
+    if n.next_multiple_of(8) - n > 2 {
+        8
+    } else {
+        2
+    }
+}
 
 /// Block geometry: (weight block bytes, activation block bytes, offset
 /// of the quants in each), for Q4_1 (`q41`) or Q8_0.
@@ -95,16 +108,19 @@ const fn geometry(q41: bool) -> (usize, usize, usize, usize) {
 }
 
 /// Activation rows packed for the kernel, once per matmul and shared by
-/// its calls: per tile `t` of eight rows and block `b`, at `[t * nb + b]`.
-/// Rows past `n` of the last tile are zeros.
+/// its calls: per tile `t` of `16 / g` rows and block `b`, at
+/// `[t * nb + b]`. Rows past `n` of the last tile are zeros.
 pub(super) struct ActPanel {
     q41: bool,
     n: usize,
     nb: usize,
+    /// Weight rows per lane group (2 or 8; see
+    /// [`weight_rows_per_lane_group`]).
+    g: usize,
     /// Segment `s` of the tile's rows, `[t * nb + b][s]`: row `j`'s dword
-    /// `s` of the block's quants in lanes `2j` and `2j + 1`.
+    /// `s` of the block's quants in lanes `j * g .. (j + 1) * g`.
     seg: Vec<[__m512i; 8]>,
-    /// `d_a` of row `j` in lanes `2j`, `2j + 1`.
+    /// `d_a` of row `j` in the same lanes.
     da: Vec<__m512>,
     /// Q4_1: the Q8_1 block sums `s_a`, laid out as `da`; Q8_0: empty.
     sa: Vec<__m512>,
@@ -141,44 +157,70 @@ unsafe fn pack(q41: bool, nb: usize, act: &[u8]) -> ActPanel {
     let (_, a_bytes, _, a_qs) = geometry(q41);
     let row = nb * a_bytes;
     let n = act.len() / row;
-    let tiles = n.div_ceil(RA);
+    let g = weight_rows_per_lane_group(n);
+    let ra = 16 / g;
+    let tiles = n.div_ceil(ra);
     let mut p = ActPanel {
         q41,
         n,
         nb,
+        g,
         seg: Vec::with_capacity(tiles * nb),
         da: Vec::with_capacity(tiles * nb),
         sa: Vec::with_capacity(if q41 { tiles * nb } else { 0 }),
         corr: Vec::with_capacity(if q41 { 0 } else { tiles * nb }),
     };
+    // Lane permutes spreading the rows' dwords over their lane groups.
+    let dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let spread8: [__m512i; 8] = std::array::from_fn(|s| {
+        let s = s as i32;
+        _mm512_setr_epi32(
+            s,
+            s,
+            s,
+            s,
+            s,
+            s,
+            s,
+            s,
+            8 + s,
+            8 + s,
+            8 + s,
+            8 + s,
+            8 + s,
+            8 + s,
+            8 + s,
+            8 + s,
+        )
+    });
     for t in 0..tiles {
         for b in 0..nb {
-            let mut seg = [[0i32; 16]; 8];
+            let mut q = [_mm256_setzero_si256(); 8];
             let (mut da, mut sa, mut corr) = ([0f32; 16], [0f32; 16], [0i32; 16]);
-            for j in 0..RA.min(n - t * RA) {
-                let blk = &act[(t * RA + j) * row + b * a_bytes..][..a_bytes];
+            for j in 0..ra.min(n - t * ra) {
+                let blk = &act[(t * ra + j) * row + b * a_bytes..][..a_bytes];
                 let qs = &blk[a_qs..a_qs + 32];
-                for (s, seg) in seg.iter_mut().enumerate() {
-                    let v = i32::from_le_bytes([
-                        qs[4 * s],
-                        qs[4 * s + 1],
-                        qs[4 * s + 2],
-                        qs[4 * s + 3],
-                    ]);
-                    seg[2 * j..2 * j + 2].fill(v);
-                }
-                da[2 * j..2 * j + 2].fill(f16_at(blk, 0));
+                // SAFETY: `qs` holds 32 bytes.
+                q[j] = unsafe { load256(qs.as_ptr()) };
+                let lanes = j * g..(j + 1) * g;
+                da[lanes.clone()].fill(f16_at(blk, 0));
                 if q41 {
-                    sa[2 * j..2 * j + 2].fill(f16_at(blk, 2));
+                    sa[lanes].fill(f16_at(blk, 2));
                 } else {
                     let sum: i32 = qs.iter().map(|&y| i32::from(y as i8)).sum();
-                    corr[2 * j..2 * j + 2].fill(-128 * sum);
+                    corr[lanes].fill(-128 * sum);
                 }
             }
+            // Segment s: row j's dword s in lanes j * g .. (j + 1) * g.
+            let seg: [__m512i; 8] = if g == 2 {
+                transpose8(q).map(|v| _mm512_permutexvar_epi32(dup2, _mm512_castsi256_si512(v)))
+            } else {
+                let rows = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q[0]), q[1]);
+                spread8.map(|idx| _mm512_permutexvar_epi32(idx, rows))
+            };
+            p.seg.push(seg);
             // SAFETY: each array holds 16 lanes.
             unsafe {
-                p.seg
-                    .push(seg.map(|v| _mm512_loadu_si512(v.as_ptr().cast())));
                 p.da.push(_mm512_loadu_ps(da.as_ptr()));
                 if q41 {
                     p.sa.push(_mm512_loadu_ps(sa.as_ptr()));
@@ -219,54 +261,70 @@ pub(super) fn gemm(
     if w.len() != m * wrow || !(m <= ldo && (n == 0 || m == 0 || (n - 1) * ldo + m <= out.len())) {
         return false;
     }
+    let out = out.as_mut_ptr();
     // SAFETY: a panel exists only where `vnni` confirmed the features;
     // lengths checked above.
     unsafe {
-        if q41 {
-            tiles::<true>(w, m, panel, out.as_mut_ptr(), ldo);
-        } else {
-            tiles::<false>(w, m, panel, out.as_mut_ptr(), ldo);
+        match (q41, panel.g) {
+            (true, 2) => tiles::<true, 2>(w, m, panel, out, ldo),
+            (true, _) => tiles::<true, 8>(w, m, panel, out, ldo),
+            (false, 2) => tiles::<false, 2>(w, m, panel, out, ldo),
+            (false, _) => tiles::<false, 8>(w, m, panel, out, ldo),
         }
     }
     true
 }
 
-/// A tile of eight weight rows prepared for the kernel, per block `b` and
-/// pair `p` at `[b * PAIRS + p]`: rows past `m` are zeros.
+/// A tile of eight weight rows prepared for the kernel: per block `b` and
+/// lane group `c` of `G` rows (`RW / G` groups), entry `b * RW / G + c`.
+/// Rows past `m` are zeros.
 struct WeightTile {
-    /// The pair's quants, as qwords `[dword s of row 2p, of row 2p + 1]`
-    /// in the order [`SEGS`] names (unsigned: Q4_1 nibbles, Q8_0
-    /// `x + 128`).
-    q: Vec<[u64; 8]>,
-    /// `[d_w(2p), d_w(2p + 1), m_w(2p), m_w(2p + 1)]` (Q8_0: `m_w`
-    /// unused): each pair broadcast as one qword gives lane `2j + h` row
-    /// `2p + h`'s value.
-    dm: Vec<[f32; 4]>,
+    /// The group's quants as unsigned bytes (Q4_1 nibbles, Q8_0 `x + 128`):
+    /// eight entries of `G` dwords (the rows' dword `s` each), `8 * G`
+    /// dwords an entry, in the segment order [`segment`] gives.
+    q: Vec<u32>,
+    /// The group's `d_w`, then its `m_w` (Q8_0: unused), `2 * G` floats an
+    /// entry.
+    dm: Vec<f32>,
 }
 
-/// The segment each qword of [`WeightTile::q`] holds: the order in which
-/// `unpacklo/hi_epi32` interleave two rows' 32 bytes.
-const SEGS: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+/// The segment that the `k`-th `G`-dword run of a [`WeightTile`] entry
+/// holds: pairs of rows are interleaved by `unpacklo/hi_epi32` (segments
+/// 0, 1, 4, 5, 2, 3, 6, 7); eight rows are transposed in order.
+const fn segment<const G: usize>(k: usize) -> usize {
+    if G == 2 {
+        [0, 1, 4, 5, 2, 3, 6, 7][k]
+    } else {
+        k
+    }
+}
 
 /// # Safety
 /// [`vnni`] is true; `w` holds `m` whole rows of `panel.nb` blocks;
-/// `out[r * ldo + i]` writable for `r < panel.n`, `i < m`.
+/// `out[r * ldo + i]` writable for `r < panel.n`, `i < m`; `panel.g == G`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn tiles<const Q41: bool>(w: &[u8], m: usize, panel: &ActPanel, out: *mut f32, ldo: usize) {
+unsafe fn tiles<const Q41: bool, const G: usize>(
+    w: &[u8],
+    m: usize,
+    panel: &ActPanel,
+    out: *mut f32,
+    ldo: usize,
+) {
     let nb = panel.nb;
-    let tiles = panel.n.div_ceil(RA);
+    let ra = 16 / G;
+    let tiles = panel.n.div_ceil(ra);
     let mut wt = WeightTile {
-        q: vec![[0; 8]; nb * PAIRS],
-        dm: vec![[0.0; 4]; nb * PAIRS],
+        q: vec![0; nb * RW * 8],
+        dm: vec![0.0; nb * RW * 2],
     };
-    for chunk in (0..tiles).step_by(CHUNK_TILES) {
+    for chunk in (0..tiles).step_by(CHUNK_ROWS / ra) {
         for i0 in (0..m).step_by(RW) {
             prefetch_rows::<Q41>(w, nb, (i0 + 2 * RW).min(m), (i0 + 3 * RW).min(m));
-            prepare::<Q41>(w, nb, i0, m, &mut wt);
-            for t in chunk..(chunk + CHUNK_TILES).min(tiles) {
+            prepare::<Q41, G>(w, nb, i0, m, &mut wt);
+            for t in chunk..(chunk + CHUNK_ROWS / ra).min(tiles) {
                 // SAFETY: tile t < tiles; rows i0.. < m; the caller's
                 // invariants otherwise.
-                unsafe { tile::<Q41>(panel, &wt, t, i0, m, out, ldo) };
+                unsafe { tile::<Q41, G>(panel, &wt, t, i0, m, out, ldo) };
             }
         }
     }
@@ -289,72 +347,118 @@ fn prefetch_rows<const Q41: bool>(w: &[u8], nb: usize, from: usize, to: usize) {
 /// Weight rows `i0..i0 + RW` (those below `m`) into `wt`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-fn prepare<const Q41: bool>(w: &[u8], nb: usize, i0: usize, m: usize, wt: &mut WeightTile) {
+fn prepare<const Q41: bool, const G: usize>(
+    w: &[u8],
+    nb: usize,
+    i0: usize,
+    m: usize,
+    wt: &mut WeightTile,
+) {
     let (w_bytes, _, w_qs, _) = const { geometry(Q41) };
     let wrow = nb * w_bytes;
-    // Rows past `m` read as a zero row.
+    // Rows past `m` read as a zero block.
     let zero = [0u8; Q8_0_BYTES];
     const _: () = assert!(Q8_0_BYTES >= Q4_1_BYTES);
-    let rows: [&[u8]; RW] = std::array::from_fn(|r| {
+    let rows: [*const u8; RW] = std::array::from_fn(|r| {
         let i = i0 + r;
         if i < m {
-            &w[i * wrow..(i + 1) * wrow]
+            w[i * wrow..(i + 1) * wrow].as_ptr()
         } else {
-            &[]
+            zero.as_ptr()
         }
     });
+    let step = |r: usize| if i0 + r < m { w_bytes } else { 0 };
+    let steps: [usize; RW] = std::array::from_fn(step);
+    // The leading dwords `[d_w, m_w]` of the eight rows' blocks, as f32
+    // `[d0, m0, d1, m1, ..]`, reordered to the entries' layout: per group,
+    // its `d_w` then its `m_w`.
+    let order = if G == 2 {
+        _mm512_setr_epi32(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15)
+    } else {
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)
+    };
     for b in 0..nb {
-        for p in 0..PAIRS {
-            let block = |h: usize| {
-                let row = rows[2 * p + h];
-                if row.is_empty() {
-                    zero.as_ptr()
-                } else {
-                    // SAFETY: block b < nb of a whole row.
-                    unsafe { row.as_ptr().add(b * w_bytes) }
-                }
-            };
-            let (x0, x1) = (block(0), block(1));
-            // SAFETY: x0 and x1 point at whole blocks (or the zero block):
-            // f16 d_w (and m_w) at 0, quants at w_qs.
+        let mut q = [_mm256_setzero_si256(); RW];
+        let mut head = [0i32; RW];
+        for r in 0..RW {
+            // SAFETY: block b of a whole row (or the zero block): f16 d_w
+            // (and m_w) at 0, quants at w_qs.
             unsafe {
-                let quants = |x: *const u8| {
-                    if Q41 {
-                        nibbles32(x.add(w_qs))
-                    } else {
-                        _mm256_xor_si256(load256(x.add(w_qs)), _mm256_set1_epi8(-128))
-                    }
+                let x = rows[r].add(b * steps[r]);
+                q[r] = if Q41 {
+                    nibbles32(x.add(w_qs))
+                } else {
+                    _mm256_xor_si256(load256(x.add(w_qs)), _mm256_set1_epi8(-128))
                 };
-                let (q0, q1) = (quants(x0), quants(x1));
-                let k = b * PAIRS + p;
-                let dst = wt.q.as_mut_ptr().add(k).cast::<__m256i>();
-                _mm256_storeu_si256(dst, _mm256_unpacklo_epi32(q0, q1));
-                _mm256_storeu_si256(dst.add(1), _mm256_unpackhi_epi32(q0, q1));
-                // [d0, m0, d1, m1] converted (F16C, equal to the table for
-                // every f16), to [d0, d1, m0, m1].
-                let h = _mm_set_epi32(
-                    0,
-                    0,
-                    x1.cast::<i32>().read_unaligned(),
-                    x0.cast::<i32>().read_unaligned(),
-                );
-                let v = _mm_cvtph_ps(h);
-                _mm_storeu_ps(
-                    wt.dm.as_mut_ptr().add(k).cast(),
-                    _mm_shuffle_ps::<0b11_01_10_00>(v, v),
-                );
+                head[r] = x.cast::<i32>().read_unaligned();
+            }
+        }
+        // SAFETY: `head` holds 8 dwords; the block's entries hold
+        // `RW * 2` floats from `b * RW * 2`; F16C is equal to the
+        // conversion table for every f16.
+        unsafe {
+            let dm = _mm512_cvtph_ps(_mm256_loadu_si256(head.as_ptr().cast()));
+            let dst = wt.dm.as_mut_ptr().add(b * RW * 2);
+            _mm512_storeu_ps(dst, _mm512_permutexvar_ps(order, dm));
+        }
+        // SAFETY: entry e holds 8 * G dwords (`RW * 8` per block in all).
+        unsafe {
+            let dst = wt.q.as_mut_ptr().add(b * RW * 8).cast::<__m256i>();
+            if G == 2 {
+                for c in 0..RW / 2 {
+                    let (q0, q1) = (q[2 * c], q[2 * c + 1]);
+                    _mm256_storeu_si256(dst.add(2 * c), _mm256_unpacklo_epi32(q0, q1));
+                    _mm256_storeu_si256(dst.add(2 * c + 1), _mm256_unpackhi_epi32(q0, q1));
+                }
+            } else {
+                for (s, v) in transpose8(q).into_iter().enumerate() {
+                    _mm256_storeu_si256(dst.add(s), v);
+                }
             }
         }
     }
 }
 
+/// The 8 × 8 dwords of `q` transposed: `out[s]` holds dword `s` of
+/// `q[0..8]` in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn transpose8(q: [__m256i; 8]) -> [__m256i; 8] {
+    let t: [__m256i; 8] = std::array::from_fn(|i| {
+        let (a, b) = (q[i / 2 * 2], q[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_epi32(a, b)
+        } else {
+            _mm256_unpackhi_epi32(a, b)
+        }
+    });
+    // u[4h + k]: rows 4h..4h + 4 of dwords (k, k + 4) for k = 0..4.
+    let u: [__m256i; 8] = std::array::from_fn(|i| {
+        let (h, k) = (i / 4, i % 4);
+        let (a, b) = (t[4 * h + k / 2], t[4 * h + 2 + k / 2]);
+        if k % 2 == 0 {
+            _mm256_unpacklo_epi64(a, b)
+        } else {
+            _mm256_unpackhi_epi64(a, b)
+        }
+    });
+    std::array::from_fn(|s| {
+        let k = s % 4;
+        if s < 4 {
+            _mm256_permute2x128_si256::<0x20>(u[k], u[4 + k])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(u[k], u[4 + k])
+        }
+    })
+}
+
 /// The prepared weight rows `i0..` against activation tile `t`.
 ///
 /// # Safety
-/// As [`tiles`], with `t < n.div_ceil(RA)`, `wt` prepared for `i0`.
+/// As [`tiles`], with `t < n.div_ceil(16 / G)`, `wt` prepared for `i0`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn tile<const Q41: bool>(
+unsafe fn tile<const Q41: bool, const G: usize>(
     panel: &ActPanel,
     wt: &WeightTile,
     t: usize,
@@ -363,8 +467,8 @@ unsafe fn tile<const Q41: bool>(
     out: *mut f32,
     ldo: usize,
 ) {
-    let nb = panel.nb;
-    let mut acc = [_mm512_setzero_ps(); PAIRS];
+    let (nb, ra, groups) = (panel.nb, 16 / G, RW / G);
+    let mut acc = [_mm512_setzero_ps(); RW / 2];
     for b in 0..nb {
         let a = t * nb + b;
         // Unchecked: a < tiles * nb, the panel's tables' length.
@@ -376,51 +480,75 @@ unsafe fn tile<const Q41: bool>(
             // SAFETY: as above (Q8_0 panels have `corr`).
             (_mm512_setzero_ps(), unsafe { *panel.corr.as_ptr().add(a) })
         };
-        for (p, acc) in acc.iter_mut().enumerate() {
-            // Unchecked: b * PAIRS + p < nb * PAIRS, the tile's length.
-            let (q, dm) = unsafe {
-                let k = b * PAIRS + p;
-                (&*wt.q.as_ptr().add(k), &*wt.dm.as_ptr().add(k))
-            };
+        for (c, acc) in acc.iter_mut().take(groups).enumerate() {
+            let e = b * groups + c;
+            // Unchecked: entry e < nb * groups, within the tile's tables.
+            let (q, dm) = unsafe { (wt.q.as_ptr().add(e * 8 * G), wt.dm.as_ptr().add(e * 2 * G)) };
             // Two i32 chains, summed at the end (exact).
             let mut sums = [start, _mm512_setzero_si512()];
-            for (k, (&wq, &s)) in q.iter().zip(&SEGS).enumerate() {
-                let x = _mm512_set1_epi64(wq as i64);
-                sums[k % 2] = _mm512_dpbusd_epi32(sums[k % 2], x, seg[s]);
+            for k in 0..8 {
+                // SAFETY: run k of the entry: G dwords.
+                let x = unsafe { broadcast_i::<G>(q.add(k * G)) };
+                sums[k % 2] = _mm512_dpbusd_epi32(sums[k % 2], x, seg[segment::<G>(k)]);
             }
             let sumi = _mm512_cvtepi32_ps(_mm512_add_epi32(sums[0], sums[1]));
-            // Lane 2j + h: the pair (weight row 2p + h, activation row j).
-            let pair = |i: usize| {
-                // SAFETY: `dm` holds two pairs of f32 (8 bytes each).
-                _mm512_castpd_ps(_mm512_set1_pd(unsafe {
-                    dm.as_ptr().add(i).cast::<f64>().read_unaligned()
-                }))
-            };
-            let d = _mm512_mul_ps(pair(0), da);
+            // Lane j * G + h: the pair (weight row c * G + h, activation
+            // row j), as the scalar kernel computes it.
+            // SAFETY: the entry's 2 * G floats.
+            let d = _mm512_mul_ps(unsafe { broadcast_f::<G>(dm) }, da);
             *acc = if Q41 {
-                let mins = _mm512_mul_ps(pair(2), sa);
+                // SAFETY: as above.
+                let mins = _mm512_mul_ps(unsafe { broadcast_f::<G>(dm.add(G)) }, sa);
                 _mm512_add_ps(*acc, _mm512_add_ps(_mm512_mul_ps(d, sumi), mins))
             } else {
                 _mm512_add_ps(*acc, _mm512_mul_ps(sumi, d))
             };
         }
     }
-    let rows = RA.min(panel.n - t * RA);
-    for (p, acc) in acc.iter().enumerate() {
+    let rows = ra.min(panel.n - t * ra);
+    for (c, acc) in acc.iter().take(groups).enumerate() {
         let mut lanes = [0f32; 16];
         // SAFETY: `lanes` holds 16 floats.
         unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *acc) };
-        for h in 0..2 {
-            let i = i0 + 2 * p + h;
+        for h in 0..G {
+            let i = i0 + c * G + h;
             if i >= m {
                 continue;
             }
             for j in 0..rows {
-                // SAFETY: row t * RA + j < n, column i < m: inside `out`.
-                unsafe { *out.add((t * RA + j) * ldo + i) = lanes[2 * j + h] };
+                // SAFETY: row t * ra + j < n, column i < m: inside `out`.
+                unsafe { *out.add((t * ra + j) * ldo + i) = lanes[j * G + h] };
             }
         }
     }
+}
+
+/// The `G` dwords at `p` repeated over the 16 lanes.
+///
+/// # Safety
+/// `G` is 2 or 8; `4 * G` readable bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn broadcast_i<const G: usize>(p: *const u32) -> __m512i {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        if G == 2 {
+            _mm512_set1_epi64(p.cast::<i64>().read_unaligned())
+        } else {
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast()))
+        }
+    }
+}
+
+/// The `G` floats at `p` repeated over the 16 lanes.
+///
+/// # Safety
+/// As [`broadcast_i`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn broadcast_f<const G: usize>(p: *const f32) -> __m512 {
+    // SAFETY: the caller's bounds.
+    unsafe { _mm512_castsi512_ps(broadcast_i::<G>(p.cast())) }
 }
 
 /// 32 bytes at `p`.

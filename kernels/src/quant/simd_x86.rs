@@ -483,7 +483,7 @@ mod avx2 {
         let start = w[3].as_ptr().wrapping_add(len + 4 * len);
         for off in (0..4 * len).step_by(64) {
             // A prefetch never faults, whatever the address.
-            _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(off).cast());
+            _mm_prefetch::<_MM_HINT_T1>(start.wrapping_add(off).cast());
         }
     }
 
