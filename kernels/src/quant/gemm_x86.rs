@@ -35,7 +35,7 @@
 //!    reached only through [`gemm`], [`ActPanel::new`] and
 //!    [`quantize_q8`], which return without calling it unless
 //!    `is_x86_feature_detected!` confirmed the features ([`vnni()`],
-//!    [`avx2()`]).
+//!    [`avx2_available`]).
 //! 2. **Bounds.** The entry points check every slice length up front;
 //!    kernels then only read blocks `b < nb` of rows `< m` (weights) and
 //!    `< n` (activations), and tables within their sizes (stated where
@@ -48,36 +48,19 @@ use std::sync::OnceLock;
 
 use super::activation::{Q8_0_BYTES, Q8_1_BYTES};
 use super::q4::Q4_1_BYTES;
-use super::types::{put_f16, F16_TO_F32};
+use super::simd_x86::{avx2_available, vnni_available};
+use super::types::{f16_at, put_f16};
 use super::GgmlType;
 
-/// Whether this CPU has AVX2, FMA and F16C (the activation quantizer).
-fn avx2() -> bool {
-    static YES: OnceLock<bool> = OnceLock::new();
-    *YES.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    })
-}
-
 /// Whether the tiled kernel runs here: AVX2 and AVX-512 F/VL/VNNI
-/// (probed once). `DS4_GEMM_TILED=0` turns it off, for comparisons; a
-/// matmul then makes one `vec_dot` per pair, with the same results.
+/// ([`vnni_available`], probed once). `DS4_GEMM_TILED=0` turns it off, for
+/// comparisons; a matmul then makes one `vec_dot` per pair, with the same
+/// results.
 pub(super) fn vnni() -> bool {
     static YES: OnceLock<bool> = OnceLock::new();
     *YES.get_or_init(|| {
-        avx2()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni")
-            && std::env::var("DS4_GEMM_TILED").map_or(true, |v| v != "0")
+        vnni_available() && std::env::var("DS4_GEMM_TILED").map_or(true, |v| v != "0")
     })
-}
-
-#[inline(always)]
-fn f16_at(b: &[u8], off: usize) -> f32 {
-    F16_TO_F32[u16::from_le_bytes([b[off], b[off + 1]]) as usize]
 }
 
 /// Weight rows per tile.
@@ -174,24 +157,7 @@ unsafe fn pack(q41: bool, nb: usize, act: &[u8]) -> ActPanel {
     let dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let spread8: [__m512i; 8] = std::array::from_fn(|s| {
         let s = s as i32;
-        _mm512_setr_epi32(
-            s,
-            s,
-            s,
-            s,
-            s,
-            s,
-            s,
-            s,
-            8 + s,
-            8 + s,
-            8 + s,
-            8 + s,
-            8 + s,
-            8 + s,
-            8 + s,
-            8 + s,
-        )
+        _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(s), _mm512_set1_epi32(8 + s))
     });
     for t in 0..tiles {
         for b in 0..nb {
@@ -656,7 +622,7 @@ pub(super) fn quantize_q8(src: &[f32], dst: &mut [u8], sums: bool) -> bool {
     } else {
         (Q8_0_BYTES, 2)
     };
-    if !avx2() || !src.len().is_multiple_of(32) || dst.len() != src.len() / 32 * bytes {
+    if !avx2_available() || !src.len().is_multiple_of(32) || dst.len() != src.len() / 32 * bytes {
         return false;
     }
     for (x, y) in src.chunks_exact(32).zip(dst.chunks_exact_mut(bytes)) {

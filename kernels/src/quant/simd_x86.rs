@@ -42,10 +42,7 @@ use super::GgmlType;
 /// Installs the AVX2 kernels into `table` if the CPU has AVX2, FMA and
 /// F16C.
 pub(super) fn install(table: &mut DotTable) {
-    if !(is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c"))
-    {
+    if !avx2_available() {
         return;
     }
     table.set_simd(GgmlType::F32, dot_f32);
@@ -59,10 +56,7 @@ pub(super) fn install(table: &mut DotTable) {
     table.set_simd(GgmlType::Q6_K, dot_q6_k_q8_k);
     table.set_simd4(GgmlType::Q4_1, dot4_q4_1_q8_1);
     table.set_simd4(GgmlType::Q8_0, dot4_q8_0_q8_0);
-    if is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
-    {
+    if vnni_available() {
         table.set_rows4(GgmlType::Q4_1, rows4_q4_1_q8_1_vnni);
         table.set_rows4(GgmlType::Q8_0, rows4_q8_0_q8_0_vnni);
     } else {
@@ -70,6 +64,22 @@ pub(super) fn install(table: &mut DotTable) {
         table.set_rows4(GgmlType::Q8_0, rows4_q8_0_q8_0);
     }
     table.isa = DotIsa::Avx2;
+}
+
+/// Whether this CPU runs the AVX2 kernels: AVX2, FMA and F16C.
+pub(super) fn avx2_available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Whether it also has AVX-512 F, VL and VNNI (the `_vnni` kernels here
+/// and the tiled GEMM of `gemm_x86.rs`).
+pub(super) fn vnni_available() -> bool {
+    avx2_available()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
 }
 
 /// Declares a private safe wrapper around an AVX2 kernel.
@@ -471,9 +481,9 @@ mod avx2 {
         (_mm256_castps256_ps128(dm), _mm256_extractf128_ps::<1>(dm))
     }
 
-    /// Prefetches the eight rows that follow `w`'s last row in memory,
-    /// assumed as long as it (a matmul's next calls, when its rows are
-    /// consecutive; only a hint otherwise). The four rows of a call
+    /// Prefetches into L2 the four rows that start eight rows after `w`'s
+    /// first, all assumed as long as its last (the call after next of a
+    /// matmul whose rows are consecutive; only a hint otherwise). The four rows of a call
     /// advance block by block, four interleaved streams that the hardware
     /// prefetchers do not follow as well as one row after another.
     #[inline]
@@ -773,6 +783,7 @@ unsafe fn f16c8(src: *const u16, dst: *mut f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::dot::Rows4Fn;
     use crate::quant::tests::{floats, quantized};
     use crate::quant::vec_dot_scalar;
 
@@ -781,17 +792,11 @@ mod tests {
     /// them `install` chose.
     #[test]
     fn every_rows4_kernel_is_bit_identical_to_scalar() {
-        if !(is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c"))
-        {
+        if !avx2_available() {
             return;
         }
-        let vnni = is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni");
-        type Rows4 = fn([&[u8]; 4], &[u8]) -> [f32; 4];
-        let kernels: [(GgmlType, Rows4, bool); 4] = [
+        let vnni = vnni_available();
+        let kernels: [(GgmlType, Rows4Fn, bool); 4] = [
             (GgmlType::Q4_1, rows4_q4_1_q8_1, true),
             (GgmlType::Q8_0, rows4_q8_0_q8_0, true),
             (GgmlType::Q4_1, rows4_q4_1_q8_1_vnni, vnni),
