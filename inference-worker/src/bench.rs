@@ -42,21 +42,11 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
 /// Submit and wait for the finished generation.
 fn run(engine: &EngineHandle, req: GenerateRequest) -> Result<Generation, BenchError> {
     let mut rx = engine.submit(req, StreamOptions::default())?;
-    finish(&mut rx)
+    finish_timed(&mut rx).map(|(g, _)| g)
 }
 
-fn finish(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> Result<Generation, BenchError> {
-    while let Some(ev) = rx.blocking_recv() {
-        match ev {
-            Event::Token { .. } => {}
-            Event::Done(g) => return Ok(g),
-            Event::Failed(e) => return Err(e.into()),
-        }
-    }
-    Err(BenchError::Lost)
-}
-
-/// [`finish`], with the time each generated token arrived.
+/// The finished generation of a submitted request, with the time each
+/// generated token arrived.
 fn finish_timed(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Result<(Generation, Vec<Instant>), BenchError> {
@@ -216,8 +206,8 @@ fn one_concurrency_run(
             .map(|t| t.join().expect("a receiving thread panicked"))
             .collect::<Result<_, _>>()
     })?;
-    let arrivals: Vec<Vec<Instant>> = runs.iter().map(|r| r.1.clone()).collect();
-    let per_stream = runs.iter().map(|r| r.0.timings.decode_tps()).sum::<f64>() / runs.len() as f64;
+    let (gens, arrivals): (Vec<Generation>, Vec<Vec<Instant>>) = runs.into_iter().unzip();
+    let per_stream = gens.iter().map(|g| g.timings.decode_tps()).sum::<f64>() / gens.len() as f64;
     Ok((steady_aggregate(&arrivals), per_stream))
 }
 
