@@ -9,6 +9,8 @@
 //!
 //! ```text
 //! cargo run -p ds4-kernels --release --example matmul_bench [-- ROWS,ROWS,... [SHAPE]]
+//! cargo run -p ds4-kernels --release --example matmul_bench -- kernel   # one thread, per shape
+//! cargo run -p ds4-kernels --release --example matmul_bench -- cold     # weights from memory
 //! ```
 
 use std::time::Instant;
@@ -253,6 +255,32 @@ fn kernel_only() {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("cold") {
+        // `quant::gemm` alone on one thread over 120 ffn-sized weight
+        // matrices (more than the caches hold, so the weights stream from
+        // memory as in a forward pass), 8 activation rows, best of 30.
+        let (m, k) = (1536, 576);
+        let mats: Vec<Vec<u8>> = (0..120)
+            .map(|i| quantize_rows(GgmlType::Q4_1, &floats(i, m * k, 1.0), k))
+            .collect();
+        let act = quantize_act(GgmlType::Q4_1, &floats(5, 8 * k, 2.0), k);
+        let mut out = vec![0f32; m * 8];
+        let mut best = f64::MAX;
+        for _ in 0..30 {
+            let t = Instant::now();
+            for w in &mats {
+                quant::gemm(GgmlType::Q4_1, k, w, &act, &mut out, m);
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let pairs = (120 * m * 8 * k / 32) as f64;
+        println!(
+            "cold q4_1 n=8: {:.3} ms, {:.3} ns per pair-block",
+            best * 1e3,
+            best * 1e9 / pairs
+        );
+        return;
+    }
     if std::env::args().nth(1).as_deref() == Some("kernel") {
         kernel_only();
         return;

@@ -202,7 +202,7 @@ trait KvValue: Copy + Default + Send + Sync {
     where
         Self: 'a;
 
-    /// `dst = 0`, then `axpy(dst, w[t], rows(t))` for every `t` in order.
+    /// `axpy(dst, w[t], rows(t))` for every `t` in order.
     fn weighted_sum<'a>(dst: &mut [f32], w: &[f32], rows: impl Fn(usize) -> &'a [Self])
     where
         Self: 'a;
@@ -233,7 +233,6 @@ macro_rules! kv_value {
                 if super::simd::$wsum(dst, w, &rows) {
                     return;
                 }
-                dst.fill(0.0);
                 let hd = dst.len();
                 for (t, &wt) in w.iter().enumerate() {
                     $axpy(dst, wt, &rows(t)[..hd]);
@@ -313,7 +312,14 @@ pub fn attention(
 
 /// Every row of `q` against the cached keys and values of its sequence,
 /// read in place from the pool's blocks `store`; `row_seq` gives each
-/// row's sequence and position. One task per row and KV head.
+/// row's sequence and position.
+///
+/// A task is one row and a run of its KV heads: all of them where the
+/// rows alone keep every thread busy (each block's key and value rows
+/// are then read front to back, which the caches fetch ahead), else one
+/// each. Block by block, the next block's keys and this block's values
+/// are prefetched while this block's keys are scored: the cache streams
+/// from memory, and its rows are too short for the hardware to guess.
 #[allow(clippy::too_many_arguments)]
 fn attend<E: KvValue>(
     pool: &CpuKvPool,
@@ -333,40 +339,253 @@ fn attend<E: KvValue>(
         .iter()
         .map(|seq| pool.layer_rows(store, &zeros, layer, seq.blocks))
         .collect();
+    let kv_per_task = if q.rows >= 2 * rayon::current_num_threads() {
+        cfg.n_head_kv
+    } else {
+        1
+    };
+    let tasks_per_row = cfg.n_head_kv / kv_per_task;
     out.data
-        .par_chunks_mut(group * hd)
+        .par_chunks_mut(kv_per_task * group * hd)
         .enumerate()
         .for_each(|(idx, dst)| {
-            let (r, kvh) = (idx / cfg.n_head_kv, idx % cfg.n_head_kv);
+            let (r, kv0) = (idx / tasks_per_row, idx % tasks_per_row * kv_per_task);
             let Some((s, pos)) = row_seq[r] else {
                 // A row outside every sequence attends to nothing.
                 dst.fill(0.0);
                 return;
             };
-            let blocks = &rows[s];
-            // Position t's key or value row of this KV head.
-            let at = |t: usize, values: bool| {
-                let (k, v) = blocks[t / bs];
-                let o = (t % bs) * kv_dim + kvh * hd;
-                &(if values { v } else { k })[o..o + hd]
-            };
             let n = pos + 1;
-            let mut scores = vec![0.0f32; n];
-            for (g, dst) in dst.chunks_exact_mut(hd).enumerate() {
-                let h = kvh * group + g;
-                let qh = &q.data[r * q.cols + h * hd..r * q.cols + (h + 1) * hd];
-                E::dots(qh, |t| at(t, false), cfg.scale, &mut scores);
+            // Per block: its keys and values, and how many of its
+            // positions this row sees.
+            let spans: Vec<(&[E], &[E], usize)> = rows[s]
+                .iter()
+                .take(n.div_ceil(bs))
+                .enumerate()
+                .map(|(b, &(k, v))| (k, v, bs.min(n - b * bs)))
+                .collect();
+            // The task's part of each key and value row.
+            let (off, width) = (kv0 * hd, kv_per_task * hd);
+            let heads = kv_per_task * group;
+            let mut scores = vec![0.0f32; heads * n];
+            for (b, &(k, v, len)) in spans.iter().enumerate() {
+                if b == 0 {
+                    prefetch_rows(k, len, kv_dim, off, width);
+                }
+                if let Some(&(k, _, len)) = spans.get(b + 1) {
+                    prefetch_rows(k, len, kv_dim, off, width);
+                }
+                prefetch_rows(v, len, kv_dim, off, width);
+                for (h, scores) in scores.chunks_exact_mut(n).enumerate() {
+                    let head = kv0 * group + h;
+                    let o = off + h / group * hd;
+                    let qh = &q.data[r * q.cols + head * hd..][..hd];
+                    let scores = &mut scores[b * bs..b * bs + len];
+                    E::dots(qh, |t| &k[t * kv_dim + o..][..hd], cfg.scale, scores);
+                }
+            }
+            for scores in scores.chunks_exact_mut(n) {
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0.0f32;
-                for s in &mut scores {
+                for s in scores.iter_mut() {
                     *s = (*s - max).exp();
                     sum += *s;
                 }
                 // The probabilities, as each value row's weight.
-                for s in &mut scores {
+                for s in scores.iter_mut() {
                     *s /= sum;
                 }
-                E::weighted_sum(dst, &scores, |t| at(t, true));
+            }
+            dst.fill(0.0);
+            for (b, &(_, v, len)) in spans.iter().enumerate() {
+                for (h, (dst, w)) in dst
+                    .chunks_exact_mut(hd)
+                    .zip(scores.chunks_exact(n))
+                    .enumerate()
+                {
+                    let o = off + h / group * hd;
+                    E::weighted_sum(dst, &w[b * bs..b * bs + len], |t| {
+                        &v[t * kv_dim + o..][..hd]
+                    });
+                }
             }
         });
+}
+
+/// Prefetches rows `0..len` (each `width` values from `t * stride + off`)
+/// of a block's keys or values.
+fn prefetch_rows<E>(kv: &[E], len: usize, stride: usize, off: usize, width: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for t in 0..len {
+        super::simd::prefetch(&kv[t * stride + off..][..width]);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (kv, len, stride, off, width);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::tests::floats;
+
+    fn tensor(rows: usize, cols: usize, seed: u64) -> CpuTensor {
+        CpuTensor {
+            rows,
+            cols,
+            data: floats(seed, rows * cols, 1.0),
+        }
+    }
+
+    /// Causal attention in f64 over f16-rounded keys and values.
+    fn reference(
+        q: &[f32],
+        keys: &[Vec<f32>],
+        values: &[Vec<f32>],
+        cfg: &AttentionConfig,
+    ) -> Vec<f32> {
+        let hd = cfg.head_dim;
+        let group = cfg.n_head / cfg.n_head_kv;
+        let round = |v: f32| f64::from(f16::from_f32(v).to_f32());
+        let mut out = vec![0.0f32; cfg.n_head * hd];
+        for h in 0..cfg.n_head {
+            let o = h / group * hd;
+            let scores: Vec<f64> = keys
+                .iter()
+                .map(|k| {
+                    (0..hd)
+                        .map(|i| f64::from(q[h * hd + i]) * round(k[o + i]))
+                        .sum::<f64>()
+                        * f64::from(cfg.scale)
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for i in 0..hd {
+                let v: f64 = w.iter().zip(values).map(|(w, v)| w * round(v[o + i])).sum();
+                out[h * hd + i] = (v / sum) as f32;
+            }
+        }
+        out
+    }
+
+    /// Decode rows of several sequences attend to their own cached
+    /// positions (across blocks, the last one partial) as the f64
+    /// reference does, and each row's output is bit-identical whether it
+    /// runs alone (one task per KV head) or in a batch of many rows (one
+    /// task per row).
+    #[test]
+    fn decode_rows_match_the_reference_and_do_not_depend_on_the_batch() {
+        let cfg = AttentionConfig {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim: 64,
+            scale: 0.125,
+        };
+        let (bs, kv_dim, n_layer) = (16, 128, 2);
+        let lens = [1usize, 15, 16, 17, 40, 70, 33, 5, 64, 100];
+        let per_seq = 8;
+        let mut pool = CpuKvPool::new(
+            KvPoolConfig {
+                n_layer,
+                kv_dim,
+                block_size: bs,
+                n_blocks: lens.len() * per_seq,
+            },
+            KvDtype::F16,
+        );
+        let tables: Vec<Vec<u32>> = (0..lens.len())
+            .map(|s| (0..per_seq).map(|b| (b * lens.len() + s) as u32).collect())
+            .collect();
+        let layer = 1;
+        // Prefill every sequence but its last position.
+        // Per sequence: its cached key rows and value rows.
+        type Rows = Vec<Vec<f32>>;
+        let mut cache: Vec<(Rows, Rows)> = Vec::new();
+        for (s, &len) in lens.iter().enumerate() {
+            let rows = len - 1;
+            let (k, v) = (
+                tensor(rows, kv_dim, 10 + s as u64),
+                tensor(rows, kv_dim, 50 + s as u64),
+            );
+            if rows > 0 {
+                let q = tensor(rows, cfg.n_head * 64, 90);
+                let mut out = tensor(rows, cfg.n_head * 64, 0);
+                let seq = [KvSeq {
+                    blocks: &tables[s],
+                    row: 0,
+                    n_rows: rows,
+                    pos: 0,
+                }];
+                attention(&q, &k, &v, &mut pool, layer, &seq, &cfg, &mut out).unwrap();
+            }
+            cache.push((
+                (0..rows).map(|r| k.row(r).to_vec()).collect(),
+                (0..rows).map(|r| v.row(r).to_vec()).collect(),
+            ));
+        }
+        // The decode step: one new row per sequence, all in one batch.
+        let n = lens.len();
+        let (q, k, v) = (
+            tensor(n, cfg.n_head * 64, 7),
+            tensor(n, kv_dim, 8),
+            tensor(n, kv_dim, 9),
+        );
+        let seqs: Vec<KvSeq> = (0..n)
+            .map(|s| KvSeq {
+                blocks: &tables[s],
+                row: s,
+                n_rows: 1,
+                pos: lens[s] - 1,
+            })
+            .collect();
+        let mut batched = tensor(n, cfg.n_head * 64, 0);
+        attention(&q, &k, &v, &mut pool, layer, &seqs, &cfg, &mut batched).unwrap();
+        for s in 0..n {
+            // The same row alone (its key and value rows stored again,
+            // unchanged).
+            let one = |t: &CpuTensor| CpuTensor {
+                rows: 1,
+                cols: t.cols,
+                data: t.row(s).to_vec(),
+            };
+            let seq = [KvSeq {
+                blocks: &tables[s],
+                row: 0,
+                n_rows: 1,
+                pos: lens[s] - 1,
+            }];
+            let mut alone = tensor(1, cfg.n_head * 64, 0);
+            attention(
+                &one(&q),
+                &one(&k),
+                &one(&v),
+                &mut pool,
+                layer,
+                &seq,
+                &cfg,
+                &mut alone,
+            )
+            .unwrap();
+            assert_eq!(
+                alone.data.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                batched
+                    .row(s)
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>(),
+                "sequence {s}: alone and batched differ"
+            );
+            let (mut keys, mut values) = cache[s].clone();
+            keys.push(k.row(s).to_vec());
+            values.push(v.row(s).to_vec());
+            let want = reference(q.row(s), &keys, &values, &cfg);
+            for (i, (&g, &w)) in batched.row(s).iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 + 1e-4 * w.abs(),
+                    "sequence {s} value {i}: {g} vs {w}"
+                );
+            }
+        }
+    }
 }

@@ -70,8 +70,20 @@ pub fn rms_norm(x: &CpuTensor, w: &[f32], eps: f32, out: &mut CpuTensor) {
 pub fn swiglu(gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) {
     assert_eq!(gate.data.len(), up.data.len(), "swiglu: shapes");
     assert_eq!(gate.data.len(), out.data.len(), "swiglu: shapes");
-    for ((o, &g), &u) in out.data.iter_mut().zip(&gate.data).zip(&up.data) {
-        *o = g / (1.0 + (-g).exp()) * u;
+    let f = |((o, g), u): ((&mut [f32], &[f32]), &[f32])| {
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    };
+    let cols = out.cols.max(1);
+    if out.rows >= PAR_ROWS {
+        out.data
+            .par_chunks_mut(cols)
+            .zip(gate.data.par_chunks(cols))
+            .zip(up.data.par_chunks(cols))
+            .for_each(f);
+    } else {
+        f(((&mut out.data, &gate.data), &up.data));
     }
 }
 

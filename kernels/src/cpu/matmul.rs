@@ -31,8 +31,32 @@ fn check(w: &CpuWeight, x: &CpuTensor, out: &CpuTensor) -> Result<(), BackendErr
 }
 
 pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), BackendError> {
-    check(w, x, out)?;
-    let act_type = w.ggml_type.vec_dot_type();
+    matmul_many(&[w], x, &mut [out])
+}
+
+/// One matmul per weight over the same activations `x`: the activations
+/// are quantized (and packed for the tiled kernel) once, and every
+/// weight's row blocks are the tasks of one parallel region. Weights of
+/// different types each go on their own.
+pub fn matmul_many(
+    ws: &[&CpuWeight],
+    x: &CpuTensor,
+    outs: &mut [&mut CpuTensor],
+) -> Result<(), BackendError> {
+    assert_eq!(ws.len(), outs.len(), "matmul_many: one output per weight");
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        check(w, x, out)?;
+    }
+    let Some(ty) = ws.first().map(|w| w.ggml_type) else {
+        return Ok(());
+    };
+    if ws.iter().any(|w| w.ggml_type != ty) {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            matmul_many(&[w], x, &mut [&mut **out])?;
+        }
+        return Ok(());
+    }
+    let act_type = ty.vec_dot_type();
     let act_row = act_type
         .row_bytes(x.cols)
         .ok_or_else(|| BackendError::Shape {
@@ -43,84 +67,84 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
                 act_type.name()
             ),
         })?;
-    let mut act = vec![0u8; act_row * x.rows];
+    let (n, k) = (x.rows, x.cols);
+    if n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        outs.iter_mut().for_each(|o| o.data.fill(0.0));
+        return Ok(());
+    }
+    let mut act = vec![0u8; act_row * n];
     // Bit-identical to `quantize_row`, vectorized for Q8_0/Q8_1.
     let quantize = |(src, dst): (&[f32], &mut [u8])| {
         quant::quantize_act_row(act_type, src, dst).expect("activation formats always quantize");
     };
-    if x.rows <= 1 {
-        quantize((&x.data, &mut act));
-    } else if x.data.len() >= PARALLEL_QUANTIZE {
+    if x.data.len() >= PARALLEL_QUANTIZE {
         x.data
-            .par_chunks(x.cols)
+            .par_chunks(k)
             .zip(act.par_chunks_mut(act_row))
             .for_each(quantize);
     } else {
         x.data
-            .chunks(x.cols)
+            .chunks(k)
             .zip(act.chunks_mut(act_row))
             .for_each(quantize);
     }
 
-    let (n, k, ty) = (x.rows, x.cols, w.ggml_type);
     if n == 1 {
-        out.data
-            .par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(task, dst)| {
-                let base = task * ROWS_PER_TASK;
-                let done = base + dst.len() / 4 * 4;
-                let mut fours = dst.chunks_exact_mut(4);
-                for (i, o) in (&mut fours).enumerate() {
-                    let r = base + 4 * i;
-                    let rows = [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)];
-                    o.copy_from_slice(&quant::vec_dot_rows4(ty, k, rows, &act));
-                }
-                for (i, o) in fours.into_remainder().iter_mut().enumerate() {
-                    *o = quant::vec_dot(ty, k, w.row(done + i), &act);
-                }
-            });
+        // Tasks of ROWS_PER_TASK weight rows, four rows per call.
+        let tasks: Vec<(&CpuWeight, usize, &mut [f32])> = ws
+            .iter()
+            .zip(outs.iter_mut())
+            .flat_map(|(w, out)| {
+                out.data
+                    .chunks_mut(ROWS_PER_TASK)
+                    .enumerate()
+                    .map(move |(t, dst)| (*w, t * ROWS_PER_TASK, dst))
+            })
+            .collect();
+        tasks.into_par_iter().for_each(|(w, base, dst)| {
+            let done = base + dst.len() / 4 * 4;
+            let mut fours = dst.chunks_exact_mut(4);
+            for (i, o) in (&mut fours).enumerate() {
+                let r = base + 4 * i;
+                let rows = [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)];
+                o.copy_from_slice(&quant::vec_dot_rows4(ty, k, rows, &act));
+            }
+            for (i, o) in fours.into_remainder().iter_mut().enumerate() {
+                *o = quant::vec_dot(ty, k, w.row(done + i), &act);
+            }
+        });
         return Ok(());
     }
     // Tasks own blocks of weight rows (each weight byte is read once per
-    // call) and fill a `[n, rows]` panel each with the tiled kernel, which
-    // is bit-identical to a `vec_dot` per (weight row, token) pair, so a
-    // token's output does not depend on the batch it is in.
-    if n == 0 || w.rows == 0 || k == 0 {
-        out.data.fill(0.0);
-        return Ok(());
-    }
-    let (m, wrow) = (w.rows, w.row_bytes);
-    let rows = rows_per_task(m);
-    let bytes = w.bytes.as_slice();
-    let mut panels = vec![0.0f32; m * n];
+    // call) and write their columns of every output row in place with the
+    // tiled kernel, which is bit-identical to a `vec_dot` per (weight row,
+    // token) pair, so a token's output does not depend on the batch it is
+    // in.
     let prepared = quant::GemmAct::new(ty, k, &act);
-    panels
-        .par_chunks_mut(rows * n)
-        .enumerate()
-        .for_each(|(task, panel)| {
-            let (base, len) = (task * rows, panel.len() / n);
-            let w = &bytes[base * wrow..(base + len) * wrow];
-            quant::gemm_with(ty, k, w, &prepared, panel, len);
-        });
-    // Output row r is the concatenation of every panel's row r.
-    let gather = |(r, dst): (usize, &mut [f32])| {
-        for (task, dst) in dst.chunks_mut(rows).enumerate() {
-            let len = dst.len();
-            let panel = &panels[task * rows * n..];
-            dst.copy_from_slice(&panel[r * len..(r + 1) * len]);
+    let mut tasks: Vec<(&CpuWeight, usize, Vec<&mut [f32]>)> = Vec::new();
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        if w.rows == 0 {
+            continue;
         }
-    };
-    if m * n >= PARALLEL_GATHER {
-        out.data.par_chunks_mut(m).enumerate().for_each(gather);
-    } else {
-        out.data.chunks_mut(m).enumerate().for_each(gather);
+        let rows = rows_per_task(w.rows);
+        let first = tasks.len();
+        tasks.extend((0..w.rows.div_ceil(rows)).map(|t| (*w, t * rows, Vec::with_capacity(n))));
+        for row in out.data.chunks_mut(w.rows) {
+            for (t, cols) in row.chunks_mut(rows).enumerate() {
+                tasks[first + t].2.push(cols);
+            }
+        }
     }
+    tasks.into_par_iter().for_each(|(w, base, mut cols)| {
+        let len = cols[0].len();
+        let bytes = &w.bytes.as_slice()[base * w.row_bytes..(base + len) * w.row_bytes];
+        quant::gemm_with(ty, k, bytes, &prepared, &mut cols);
+    });
     Ok(())
 }
-
-/// Outputs from which the panels are gathered into `out` in parallel.
-const PARALLEL_GATHER: usize = 1 << 16;
 
 /// Activation values from which they are quantized in parallel (below,
 /// a rayon dispatch costs more than the vectorized quantization).
@@ -248,6 +272,55 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// `matmul_many` gives, bit for bit, what one `matmul` per weight
+    /// gives, for weights of one type (one shared quantization and
+    /// parallel region) and of mixed types (each on its own).
+    #[test]
+    fn matmul_many_equals_one_matmul_per_weight() {
+        let k = 576;
+        for n in [1usize, 3, 8, 17] {
+            for types in [
+                [GgmlType::Q4_1; 3],
+                [GgmlType::Q8_0; 3],
+                [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16],
+            ] {
+                let ws: Vec<CpuWeight> = types
+                    .iter()
+                    .zip([576usize, 192, 45])
+                    .enumerate()
+                    .map(|(i, (&ty, m))| weight(ty, m, k, 31 * i as u64 + n as u64))
+                    .collect();
+                let x = CpuTensor {
+                    rows: n,
+                    cols: k,
+                    data: floats(n as u64, n * k, 3.0),
+                };
+                let mut many: Vec<CpuTensor> = ws
+                    .iter()
+                    .map(|w| CpuTensor {
+                        rows: n,
+                        cols: w.rows,
+                        data: vec![f32::NAN; n * w.rows],
+                    })
+                    .collect();
+                let refs: Vec<&CpuWeight> = ws.iter().collect();
+                let mut outs: Vec<&mut CpuTensor> = many.iter_mut().collect();
+                matmul_many(&refs, &x, &mut outs).expect("shapes match");
+                for (w, got) in ws.iter().zip(&many) {
+                    let mut want = CpuTensor {
+                        rows: n,
+                        cols: w.rows,
+                        data: vec![0.0; n * w.rows],
+                    };
+                    matmul(w, &x, &mut want).expect("shapes match");
+                    let bits =
+                        |t: &CpuTensor| t.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(got), bits(&want), "{} n={n}", w.name);
                 }
             }
         }

@@ -9,6 +9,7 @@
 mod attention;
 mod elementwise;
 mod matmul;
+mod pool;
 mod rope;
 pub mod sampling;
 #[cfg(target_arch = "x86_64")]
@@ -103,9 +104,7 @@ impl Backend for CpuBackend {
     }
 
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        // From outside the pool, `scope` hands the closure to a worker and
-        // blocks this thread until it is done.
-        rayon::scope(|_| f())
+        pool::run_awake(f)
     }
 
     fn bind_weight(&self, src: WeightSource) -> Result<CpuWeight, BackendError> {
@@ -230,6 +229,35 @@ impl Backend for CpuBackend {
             Numerics::Production => matmul::matmul(w, x, out),
             Numerics::Exact => matmul::matmul_exact(w, x, out),
         }
+    }
+
+    fn matmul_many(
+        &self,
+        ws: &[&CpuWeight],
+        biases: Option<&[&CpuWeight]>,
+        x: &CpuTensor,
+        outs: &mut [&mut CpuTensor],
+    ) -> Result<(), BackendError> {
+        assert_eq!(ws.len(), outs.len(), "matmul_many: one output per weight");
+        assert!(
+            biases.is_none_or(|b| b.len() == ws.len()),
+            "matmul_many: one bias per weight"
+        );
+        match self.numerics {
+            // One quantization of `x` and one parallel region for all.
+            Numerics::Production => matmul::matmul_many(ws, x, outs)?,
+            Numerics::Exact => {
+                for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                    matmul::matmul_exact(w, x, out)?;
+                }
+            }
+        }
+        if let Some(b) = biases {
+            for (out, b) in outs.iter_mut().zip(b) {
+                self.add_bias(out, b);
+            }
+        }
+        Ok(())
     }
 
     fn rope(&self, x: &mut CpuTensor, positions: &[u32], head_dim: usize, cfg: &RopeConfig) {

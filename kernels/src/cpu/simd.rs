@@ -25,6 +25,19 @@ pub fn has_f16c() -> bool {
     has_avx() && is_x86_feature_detected!("f16c")
 }
 
+/// Asks the CPU to bring every cache line of `data` into L2 (a hint:
+/// nothing is read, nothing can fault), so that rows read soon after come
+/// from cache rather than memory.
+#[inline]
+pub fn prefetch<T>(data: &[T]) {
+    let (p, bytes) = (data.as_ptr().cast::<i8>(), std::mem::size_of_val(data));
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: SSE (baseline on x86_64); a prefetch of any address is
+        // defined and never faults, and `p + off` lies inside `data`.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
+    }
+}
+
 /// [`dot_lanes`] with f16 values `b`, converted exactly (F16C); the
 /// caller checked [`has_f16c`].
 pub fn dot_lanes_f16(a: &[f32], b: &[half::f16]) -> [f32; 8] {
@@ -135,6 +148,32 @@ unsafe fn axpy_avx(dst: *mut f32, w: f32, x: *const f32, n: usize) {
     }
 }
 
+/// `sum_lanes` of four dots' lanes at once: their lanes transposed into
+/// eight f64 vectors (lane k of each dot) and added in lane order from
+/// the empty sum's `start`, then the (empty) `tail` added: the same
+/// additions on the same values. Returns the four sums as f32.
+#[inline]
+#[target_feature(enable = "avx")]
+fn sum_lanes4(a: __m256, b: __m256, c: __m256, d: __m256, start: f64, tail: f64) -> __m128 {
+    let (ab_lo, ab_hi) = (_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    let (cd_lo, cd_hi) = (_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    // u[k]: lane k of a, b, c, d (low half), lane k + 4 (high).
+    let u = [
+        _mm256_shuffle_ps::<0x44>(ab_lo, cd_lo),
+        _mm256_shuffle_ps::<0xEE>(ab_lo, cd_lo),
+        _mm256_shuffle_ps::<0x44>(ab_hi, cd_hi),
+        _mm256_shuffle_ps::<0xEE>(ab_hi, cd_hi),
+    ];
+    let mut sum = _mm256_set1_pd(start);
+    for v in u {
+        sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    }
+    for v in u {
+        sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
+    }
+    _mm256_cvtpd_ps(_mm256_add_pd(sum, _mm256_set1_pd(tail)))
+}
+
 /// Generates the attention row kernels for one stored value type: `$dots`
 /// (scores against every cached key row) and `$wsum` (the
 /// probability-weighted sum of the value rows): with `@kernels`, the
@@ -211,16 +250,38 @@ macro_rules! attention_rows {
         ) {
             let hd = q.len() / 8 * 8;
             let q = &q[..hd];
-            // `sum_lanes` of four dots at once: their lanes transposed into
-            // eight f64 vectors (lane k of each dot) and added in lane order
-            // from the empty sum's start, then the (empty) tail added:
-            // the same additions on the same values.
+            // `sum_lanes`' start and (empty) tail.
             let (start, tail): (f64, f64) = (
                 std::iter::empty::<f64>().sum(),
                 std::iter::empty::<f64>().sum(),
             );
+            // Eight keys at a time: eight independent chains share each
+            // load of `q`; then fours; then one by one.
+            let n8 = scores.len() / 8 * 8;
+            for t in (0..n8).step_by(8) {
+                let k: [*const $t; 8] = std::array::from_fn(|j| rows(t + j)[..hd].as_ptr());
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for i in (0..hd).step_by(8) {
+                    // SAFETY: i + 8 <= hd, within q and every key row.
+                    let x = unsafe { _mm256_loadu_ps(q.as_ptr().add(i)) };
+                    for (a, &k) in acc.iter_mut().zip(&k) {
+                        // SAFETY: as above.
+                        let y = unsafe {
+                            let $p = k.add(i);
+                            $load
+                        };
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(x, y));
+                    }
+                }
+                for h in 0..2 {
+                    let [a, b, c, d] = [acc[4 * h], acc[4 * h + 1], acc[4 * h + 2], acc[4 * h + 3]];
+                    let dots = _mm_mul_ps(sum_lanes4(a, b, c, d, start, tail), _mm_set1_ps(scale));
+                    // SAFETY: t + 8 <= n8 <= scores.len().
+                    unsafe { _mm_storeu_ps(scores.as_mut_ptr().add(t + 4 * h), dots) };
+                }
+            }
             let n4 = scores.len() / 4 * 4;
-            for t in (0..n4).step_by(4) {
+            for t in (n8..n4).step_by(4) {
                 // SAFETY (all four): the features of this function.
                 let (a, b, c, d) = unsafe {
                     (
@@ -230,24 +291,7 @@ macro_rules! attention_rows {
                         $lanes(q, rows(t + 3)),
                     )
                 };
-                let (ab_lo, ab_hi) = (_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
-                let (cd_lo, cd_hi) = (_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
-                // u[k]: lane k of a, b, c, d (low half), lane k + 4 (high).
-                let u = [
-                    _mm256_shuffle_ps::<0x44>(ab_lo, cd_lo),
-                    _mm256_shuffle_ps::<0xEE>(ab_lo, cd_lo),
-                    _mm256_shuffle_ps::<0x44>(ab_hi, cd_hi),
-                    _mm256_shuffle_ps::<0xEE>(ab_hi, cd_hi),
-                ];
-                let mut sum = _mm256_set1_pd(start);
-                for v in u {
-                    sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-                }
-                for v in u {
-                    sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
-                }
-                sum = _mm256_add_pd(sum, _mm256_set1_pd(tail));
-                let dots = _mm_mul_ps(_mm256_cvtpd_ps(sum), _mm_set1_ps(scale));
+                let dots = _mm_mul_ps(sum_lanes4(a, b, c, d, start, tail), _mm_set1_ps(scale));
                 // SAFETY: t + 4 <= n4 <= scores.len().
                 unsafe { _mm_storeu_ps(scores.as_mut_ptr().add(t), dots) };
             }
@@ -259,16 +303,19 @@ macro_rules! attention_rows {
             }
         }
 
-        /// `dst = sum over t of w[t] * rows(t)`, in order of `t`, each step
-        /// a multiply then an add per value (repeated [`axpy`] onto
-        /// zeros), 64 values at a time in registers; `dst.len() % 64 == 0`.
+        /// `dst += w[t] * rows(t)` for every `t` in order, each step a
+        /// multiply then an add per value (repeated [`axpy`]), 64 values
+        /// at a time in registers; `dst.len() % 64 == 0`.
         ///
         /// # Safety
         /// The CPU has `$features`.
         #[target_feature(enable = $features)]
         pub unsafe fn $wsum<'a>(dst: &mut [f32], w: &[f32], rows: &impl Fn(usize) -> &'a [$t]) {
             for c in (0..dst.len() / 64 * 64).step_by(64) {
-                let mut acc = [_mm256_setzero_ps(); 8];
+                // SAFETY: c + 64 <= dst.len().
+                let mut acc: [__m256; 8] = std::array::from_fn(|k| unsafe {
+                    _mm256_loadu_ps(dst.as_ptr().add(c + 8 * k))
+                });
                 for (t, &wt) in w.iter().enumerate() {
                     let v = &rows(t)[c..c + 64];
                     let wv = _mm256_set1_ps(wt);
@@ -293,6 +340,8 @@ macro_rules! attention_rows {
 /// The `unsafe` kernels behind the checked wrappers.
 mod kernels {
     use std::arch::x86_64::*;
+
+    use super::sum_lanes4;
 
     attention_rows!(@kernels dots_f32, weighted_sum_f32, lanes_f32, f32, "avx", |p| {
         _mm256_loadu_ps(p)
@@ -407,8 +456,10 @@ mod tests {
                 assert_eq!(s32[t].to_bits(), want32.to_bits(), "hd {hd} t {t}");
                 assert_eq!(s16[t].to_bits(), want16.to_bits(), "hd {hd} t {t}");
             }
-            let (mut got32, mut got16) = (vec![0.0f32; hd], vec![0.0f32; hd]);
-            let (mut want32, mut want16) = (vec![0.0f32; hd], vec![0.0f32; hd]);
+            // Onto values already there (a sum continued block by block).
+            let start = values(hd, 11);
+            let (mut got32, mut got16) = (start.clone(), start.clone());
+            let (mut want32, mut want16) = (start.clone(), start);
             assert!(weighted_sum_f32(&mut got32, &w, &|t| &rows32[t][..]));
             assert!(weighted_sum_f16(&mut got16, &w, &|t| &rows16[t][..]));
             for t in 0..n {

@@ -24,7 +24,9 @@ use super::{quantize_row, vec_dot, vec_dot_x4, GgmlType, QuantError};
 /// If `k` is not whole blocks, `w` or `act` is not whole rows, or `out`
 /// (with row stride `ldo >= m`) is too short.
 pub fn gemm(ty: GgmlType, k: usize, w: &[u8], act: &[u8], out: &mut [f32], ldo: usize) {
-    gemm_with(ty, k, w, &GemmAct::new(ty, k, act), out, ldo);
+    assert!(ldo > 0, "gemm: row stride 0");
+    let mut rows: Vec<&mut [f32]> = out.chunks_mut(ldo).collect();
+    gemm_with(ty, k, w, &GemmAct::new(ty, k, act), &mut rows);
 }
 
 /// Activation rows for several [`gemm_with`] calls over different weight
@@ -50,8 +52,15 @@ impl<'a> GemmAct<'a> {
 }
 
 /// [`gemm`] over activation rows prepared by [`GemmAct::new`] (with the
-/// same `ty` and `k`).
-pub fn gemm_with(ty: GgmlType, k: usize, w: &[u8], a: &GemmAct, out: &mut [f32], ldo: usize) {
+/// same `ty` and `k`), into separate output rows: `out[r][i]` for weight
+/// row `i` and activation row `r` (each `out[r]` at least as long as the
+/// weight rows are many), so that the tasks of a matmul write their
+/// columns of the result in place.
+///
+/// # Panics
+/// As [`gemm`]: partial rows, or fewer or shorter output rows than the
+/// activation and weight rows.
+pub fn gemm_with(ty: GgmlType, k: usize, w: &[u8], a: &GemmAct, out: &mut [&mut [f32]]) {
     let act = a.act;
     let wrow = ty.row_bytes(k).expect("gemm: k is whole weight blocks");
     let arow = ty
@@ -64,10 +73,10 @@ pub fn gemm_with(ty: GgmlType, k: usize, w: &[u8], a: &GemmAct, out: &mut [f32],
     );
     let (m, n) = (w.len() / wrow, act.len() / arow);
     assert!(
-        m <= ldo && (m == 0 || n == 0 || (n - 1) * ldo + m <= out.len()),
+        out.len() >= n && out[..n].iter().all(|r| r.len() >= m),
         "gemm: output too short"
     );
-    if tiled(ty, k, w, a, out, ldo) {
+    if tiled(ty, k, w, a, out) {
         return;
     }
     for (i, wi) in w.chunks_exact(wrow).enumerate() {
@@ -81,12 +90,12 @@ pub fn gemm_with(ty: GgmlType, k: usize, w: &[u8], a: &GemmAct, out: &mut [f32],
                 [act_of(r), act_of(r + 1), act_of(r + 2), act_of(r + 3)],
             );
             for (j, v) in four.into_iter().enumerate() {
-                out[(r + j) * ldo + i] = v;
+                out[r + j][i] = v;
             }
             r += 4;
         }
-        for r in r..n {
-            out[r * ldo + i] = vec_dot(ty, k, wi, act_of(r));
+        for (r, o) in out.iter_mut().enumerate().take(n).skip(r) {
+            o[i] = vec_dot(ty, k, wi, act_of(r));
         }
     }
 }
@@ -110,16 +119,16 @@ pub fn quantize_act_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(),
 }
 
 /// Runs the tiled kernel where it takes `ty` on this CPU.
-fn tiled(ty: GgmlType, k: usize, w: &[u8], a: &GemmAct, out: &mut [f32], ldo: usize) -> bool {
+fn tiled(ty: GgmlType, k: usize, w: &[u8], a: &GemmAct, out: &mut [&mut [f32]]) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         a.panel
             .as_ref()
-            .is_some_and(|p| super::gemm_x86::gemm(ty, k, w, p, out, ldo))
+            .is_some_and(|p| super::gemm_x86::gemm(ty, k, w, p, out))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (ty, k, w, a, out, ldo);
+        let _ = (ty, k, w, a, out);
         false
     }
 }
@@ -218,8 +227,12 @@ mod tests {
                 let wrow = ty.row_bytes(k).unwrap();
                 let half = w.len() / wrow / 2;
                 let prepared = GemmAct::new(ty, k, act);
-                gemm_with(ty, k, &w[..half * wrow], &prepared, out, ldo);
-                gemm_with(ty, k, &w[half * wrow..], &prepared, &mut out[half..], ldo);
+                let (mut left, mut right): (Vec<_>, Vec<_>) = out
+                    .chunks_mut(ldo)
+                    .map(|row| row.split_at_mut(half.min(row.len())))
+                    .unzip();
+                gemm_with(ty, k, &w[..half * wrow], &prepared, &mut left);
+                gemm_with(ty, k, &w[half * wrow..], &prepared, &mut right);
             }),
         ];
         runs

@@ -91,7 +91,7 @@ const fn geometry(q41: bool) -> (usize, usize, usize, usize) {
 }
 
 /// Activation rows packed for the kernel, once per matmul and shared by
-/// its calls: per tile `t` of `16 / g` rows and block `b`, at
+/// its calls: per tile `t` of `16 / g` rows and block `b`, the entry
 /// `[t * nb + b]`. Rows past `n` of the last tile are zeros.
 pub(super) struct ActPanel {
     q41: bool,
@@ -100,16 +100,29 @@ pub(super) struct ActPanel {
     /// Weight rows per lane group (2 or 8; see
     /// [`weight_rows_per_lane_group`]).
     g: usize,
-    /// Segment `s` of the tile's rows, `[t * nb + b][s]`: row `j`'s dword
-    /// `s` of the block's quants in lanes `j * g .. (j + 1) * g`.
-    seg: Vec<[__m512i; 8]>,
-    /// `d_a` of row `j` in the same lanes.
-    da: Vec<__m512>,
-    /// Q4_1: the Q8_1 block sums `s_a`, laid out as `da`; Q8_0: empty.
-    sa: Vec<__m512>,
-    /// Q8_0: `-128 * sum(y)` of the block's quants, as `da`; Q4_1: empty.
-    corr: Vec<__m512i>,
+    entries: Vec<PanelEntry>,
 }
+
+/// One block of one tile of activation rows.
+#[derive(Clone, Copy)]
+struct PanelEntry {
+    /// Segment `s` of the tile's rows: row `j`'s dword `s` of the block's
+    /// quants in lanes `j * g .. (j + 1) * g`.
+    seg: [__m512i; 8],
+    /// `d_a` of row `j` in the same lanes.
+    da: __m512,
+    /// Q4_1: the Q8_1 block sums `s_a`, laid out as `da`; Q8_0: the bits
+    /// of `-128 * sum(y)` of the block's quants (i32), as `da`.
+    extra: __m512,
+}
+
+// SAFETY: plain vector values, no pointers.
+unsafe impl Send for PanelEntry {}
+unsafe impl Sync for PanelEntry {}
+
+/// Entries packed per parallel task (about 10 µs of work; below two
+/// tasks' worth the packing stays on the calling thread).
+const PACK_PER_TASK: usize = 64;
 
 impl ActPanel {
     /// `act`: rows of `k` values in `ty.vec_dot_type()` (Q8_1 for Q4_1,
@@ -126,81 +139,89 @@ impl ActPanel {
         if !vnni() || nb == 0 || !k.is_multiple_of(32) || !act.len().is_multiple_of(nb * a_bytes) {
             return None;
         }
-        // SAFETY: `vnni` confirmed the features; `act` is whole rows.
-        Some(unsafe { pack(q41, nb, act) })
+        let n = act.len() / (nb * a_bytes);
+        let g = weight_rows_per_lane_group(n);
+        let total = n.div_ceil(16 / g) * nb;
+        // SAFETY (both): `vnni` confirmed the features; `act` is whole
+        // rows of `nb` blocks, and `e < total` is a block of a tile.
+        let entry = |e: usize| unsafe { pack_entry(q41, nb, g, act, e) };
+        let entries = if total >= 2 * PACK_PER_TASK {
+            use rayon::prelude::*;
+            let mut v = Vec::with_capacity(total);
+            (0..total)
+                .into_par_iter()
+                .with_min_len(PACK_PER_TASK)
+                .map(entry)
+                .collect_into_vec(&mut v);
+            v
+        } else {
+            (0..total).map(entry).collect()
+        };
+        Some(ActPanel {
+            q41,
+            n,
+            nb,
+            g,
+            entries,
+        })
     }
 }
 
-/// [`ActPanel::new`] once checked.
+/// Entry `e` (tile `e / nb`, block `e % nb`) of the panel of `act`.
 ///
 /// # Safety
-/// [`vnni`] is true; `act` is whole rows of `nb` blocks.
+/// [`vnni`] is true; `act` is whole rows of `nb` blocks; `e` is a block
+/// of one of the tiles of `16 / g` of its rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn pack(q41: bool, nb: usize, act: &[u8]) -> ActPanel {
+unsafe fn pack_entry(q41: bool, nb: usize, g: usize, act: &[u8], e: usize) -> PanelEntry {
     let (_, a_bytes, _, a_qs) = geometry(q41);
     let row = nb * a_bytes;
     let n = act.len() / row;
-    let g = weight_rows_per_lane_group(n);
     let ra = 16 / g;
-    let tiles = n.div_ceil(ra);
-    let mut p = ActPanel {
-        q41,
-        n,
-        nb,
-        g,
-        seg: Vec::with_capacity(tiles * nb),
-        da: Vec::with_capacity(tiles * nb),
-        sa: Vec::with_capacity(if q41 { tiles * nb } else { 0 }),
-        corr: Vec::with_capacity(if q41 { 0 } else { tiles * nb }),
+    let (t, b) = (e / nb, e % nb);
+    let mut q = [_mm256_setzero_si256(); 8];
+    let (mut da, mut extra) = ([0f32; 16], [0f32; 16]);
+    for j in 0..ra.min(n - t * ra) {
+        let blk = &act[(t * ra + j) * row + b * a_bytes..][..a_bytes];
+        let qs = &blk[a_qs..a_qs + 32];
+        // SAFETY: `qs` holds 32 bytes.
+        q[j] = unsafe { load256(qs.as_ptr()) };
+        let lanes = j * g..(j + 1) * g;
+        da[lanes.clone()].fill(f16_at(blk, 0));
+        extra[lanes].fill(if q41 {
+            f16_at(blk, 2)
+        } else {
+            let sum: i32 = qs.iter().map(|&y| i32::from(y as i8)).sum();
+            f32::from_bits((-128 * sum) as u32)
+        });
+    }
+    // Segment s: row j's dword s in lanes j * g .. (j + 1) * g.
+    let seg: [__m512i; 8] = if g == 2 {
+        // Lane j takes dword j / 2.
+        let dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        transpose8(q).map(|v| _mm512_permutexvar_epi32(dup2, _mm512_castsi256_si512(v)))
+    } else {
+        // Lanes 0..8 take row 0's dword s, lanes 8..16 row 1's.
+        let rows = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q[0]), q[1]);
+        std::array::from_fn(|s| {
+            let s = s as i32;
+            let idx =
+                _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(s), _mm512_set1_epi32(8 + s));
+            _mm512_permutexvar_epi32(idx, rows)
+        })
     };
-    // Lane permutes spreading the rows' dwords over their lane groups.
-    let dup2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    let spread8: [__m512i; 8] = std::array::from_fn(|s| {
-        let s = s as i32;
-        _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(s), _mm512_set1_epi32(8 + s))
-    });
-    for t in 0..tiles {
-        for b in 0..nb {
-            let mut q = [_mm256_setzero_si256(); 8];
-            let (mut da, mut sa, mut corr) = ([0f32; 16], [0f32; 16], [0i32; 16]);
-            for j in 0..ra.min(n - t * ra) {
-                let blk = &act[(t * ra + j) * row + b * a_bytes..][..a_bytes];
-                let qs = &blk[a_qs..a_qs + 32];
-                // SAFETY: `qs` holds 32 bytes.
-                q[j] = unsafe { load256(qs.as_ptr()) };
-                let lanes = j * g..(j + 1) * g;
-                da[lanes.clone()].fill(f16_at(blk, 0));
-                if q41 {
-                    sa[lanes].fill(f16_at(blk, 2));
-                } else {
-                    let sum: i32 = qs.iter().map(|&y| i32::from(y as i8)).sum();
-                    corr[lanes].fill(-128 * sum);
-                }
-            }
-            // Segment s: row j's dword s in lanes j * g .. (j + 1) * g.
-            let seg: [__m512i; 8] = if g == 2 {
-                transpose8(q).map(|v| _mm512_permutexvar_epi32(dup2, _mm512_castsi256_si512(v)))
-            } else {
-                let rows = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q[0]), q[1]);
-                spread8.map(|idx| _mm512_permutexvar_epi32(idx, rows))
-            };
-            p.seg.push(seg);
-            // SAFETY: each array holds 16 lanes.
-            unsafe {
-                p.da.push(_mm512_loadu_ps(da.as_ptr()));
-                if q41 {
-                    p.sa.push(_mm512_loadu_ps(sa.as_ptr()));
-                } else {
-                    p.corr.push(_mm512_loadu_si512(corr.as_ptr().cast()));
-                }
-            }
+    // SAFETY: each array holds 16 lanes.
+    unsafe {
+        PanelEntry {
+            seg,
+            da: _mm512_loadu_ps(da.as_ptr()),
+            extra: _mm512_loadu_ps(extra.as_ptr()),
         }
     }
-    p
 }
 
-/// `out[r * ldo + i] = vec_dot(ty, k, w row i, act row r)` for every
-/// weight row `i` in `w` and activation row `r` of `panel` (made from the
+/// `out[r][i] = vec_dot(ty, k, w row i, act row r)` for every weight
+/// row `i` in `w` and activation row `r` of `panel` (made from the
 /// activations with the same `ty` and `k`). Returns `false` (and writes
 /// nothing) where the panel is of another type or shape, or a length is
 /// wrong.
@@ -209,8 +230,7 @@ pub(super) fn gemm(
     k: usize,
     w: &[u8],
     panel: &ActPanel,
-    out: &mut [f32],
-    ldo: usize,
+    out: &mut [&mut [f32]],
 ) -> bool {
     let q41 = match ty {
         GgmlType::Q4_1 => true,
@@ -224,18 +244,18 @@ pub(super) fn gemm(
     }
     let (wrow, n) = (nb * w_bytes, panel.n);
     let m = w.len() / wrow;
-    if w.len() != m * wrow || !(m <= ldo && (n == 0 || m == 0 || (n - 1) * ldo + m <= out.len())) {
+    if w.len() != m * wrow || out.len() < n || out[..n].iter().any(|r| r.len() < m) {
         return false;
     }
-    let out = out.as_mut_ptr();
+    let out = &mut out[..n];
     // SAFETY: a panel exists only where `vnni` confirmed the features;
     // lengths checked above.
     unsafe {
         match (q41, panel.g) {
-            (true, 2) => tiles::<true, 2>(w, m, panel, out, ldo),
-            (true, _) => tiles::<true, 8>(w, m, panel, out, ldo),
-            (false, 2) => tiles::<false, 2>(w, m, panel, out, ldo),
-            (false, _) => tiles::<false, 8>(w, m, panel, out, ldo),
+            (true, 2) => tiles::<true, 2>(w, m, panel, out),
+            (true, _) => tiles::<true, 8>(w, m, panel, out),
+            (false, 2) => tiles::<false, 2>(w, m, panel, out),
+            (false, _) => tiles::<false, 8>(w, m, panel, out),
         }
     }
     true
@@ -267,14 +287,13 @@ const fn segment<const G: usize>(k: usize) -> usize {
 
 /// # Safety
 /// [`vnni`] is true; `w` holds `m` whole rows of `panel.nb` blocks;
-/// `out[r * ldo + i]` writable for `r < panel.n`, `i < m`; `panel.g == G`.
+/// `out` holds `panel.n` rows of at least `m` values; `panel.g == G`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 unsafe fn tiles<const Q41: bool, const G: usize>(
     w: &[u8],
     m: usize,
     panel: &ActPanel,
-    out: *mut f32,
-    ldo: usize,
+    out: &mut [&mut [f32]],
 ) {
     let nb = panel.nb;
     let ra = 16 / G;
@@ -290,7 +309,7 @@ unsafe fn tiles<const Q41: bool, const G: usize>(
             for t in chunk..(chunk + CHUNK_ROWS / ra).min(tiles) {
                 // SAFETY: tile t < tiles; rows i0.. < m; the caller's
                 // invariants otherwise.
-                unsafe { tile::<Q41, G>(panel, &wt, t, i0, m, out, ldo) };
+                unsafe { tile::<Q41, G>(panel, &wt, t, i0, m, out) };
             }
         }
     }
@@ -430,21 +449,19 @@ unsafe fn tile<const Q41: bool, const G: usize>(
     t: usize,
     i0: usize,
     m: usize,
-    out: *mut f32,
-    ldo: usize,
+    out: &mut [&mut [f32]],
 ) {
     let (nb, ra, groups) = (panel.nb, 16 / G, RW / G);
     let mut acc = [_mm512_setzero_ps(); RW / 2];
     for b in 0..nb {
         let a = t * nb + b;
-        // Unchecked: a < tiles * nb, the panel's tables' length.
-        let (seg, da) = unsafe { (&*panel.seg.as_ptr().add(a), *panel.da.as_ptr().add(a)) };
+        // Unchecked: a < tiles * nb, the panel's length.
+        let entry = unsafe { &*panel.entries.as_ptr().add(a) };
+        let (seg, da) = (&entry.seg, entry.da);
         let (sa, start) = if Q41 {
-            // SAFETY: as above (Q4_1 panels have `sa`).
-            (unsafe { *panel.sa.as_ptr().add(a) }, _mm512_setzero_si512())
+            (entry.extra, _mm512_setzero_si512())
         } else {
-            // SAFETY: as above (Q8_0 panels have `corr`).
-            (_mm512_setzero_ps(), unsafe { *panel.corr.as_ptr().add(a) })
+            (_mm512_setzero_ps(), _mm512_castps_si512(entry.extra))
         };
         for (c, acc) in acc.iter_mut().take(groups).enumerate() {
             let e = b * groups + c;
@@ -482,8 +499,11 @@ unsafe fn tile<const Q41: bool, const G: usize>(
                 continue;
             }
             for j in 0..rows {
-                // SAFETY: row t * ra + j < n, column i < m: inside `out`.
-                unsafe { *out.add((t * ra + j) * ldo + i) = lanes[j * G + h] };
+                // SAFETY: row t * ra + j < n rows of `out`, each of at
+                // least m > i values.
+                unsafe {
+                    *out.get_unchecked_mut(t * ra + j).get_unchecked_mut(i) = lanes[j * G + h]
+                };
             }
         }
     }
