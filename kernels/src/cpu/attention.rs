@@ -384,18 +384,8 @@ fn attend<E: KvValue>(
                     E::dots(qh, |t| &k[t * kv_dim + o..][..hd], cfg.scale, scores);
                 }
             }
-            for scores in scores.chunks_exact_mut(n) {
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                // The probabilities, as each value row's weight.
-                for s in scores.iter_mut() {
-                    *s /= sum;
-                }
-            }
+            // The probabilities, as each value row's weight.
+            scores.chunks_exact_mut(n).for_each(super::expf::softmax);
             dst.fill(0.0);
             for (b, &(_, v, len)) in spans.iter().enumerate() {
                 for (h, (dst, w)) in dst

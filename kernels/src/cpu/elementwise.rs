@@ -70,11 +70,7 @@ pub fn rms_norm(x: &CpuTensor, w: &[f32], eps: f32, out: &mut CpuTensor) {
 pub fn swiglu(gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) {
     assert_eq!(gate.data.len(), up.data.len(), "swiglu: shapes");
     assert_eq!(gate.data.len(), out.data.len(), "swiglu: shapes");
-    let f = |((o, g), u): ((&mut [f32], &[f32]), &[f32])| {
-        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + (-g).exp()) * u;
-        }
-    };
+    let f = |((o, g), u): ((&mut [f32], &[f32]), &[f32])| super::expf::swiglu(o, g, u);
     let cols = out.cols.max(1);
     if out.rows >= PAR_ROWS {
         out.data

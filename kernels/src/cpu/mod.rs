@@ -8,6 +8,7 @@
 
 mod attention;
 mod elementwise;
+mod expf;
 mod matmul;
 mod pool;
 mod rope;
