@@ -116,10 +116,6 @@ struct PanelEntry {
     extra: __m512,
 }
 
-// SAFETY: plain vector values, no pointers.
-unsafe impl Send for PanelEntry {}
-unsafe impl Sync for PanelEntry {}
-
 /// Entries packed per parallel task (about 10 µs of work; below two
 /// tasks' worth the packing stays on the calling thread).
 const PACK_PER_TASK: usize = 64;
