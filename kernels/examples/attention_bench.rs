@@ -42,42 +42,29 @@ fn main() {
     let tables: Vec<Vec<u32>> = (0..seqs)
         .map(|s| (0..per_seq).map(|b| (b * seqs + s) as u32).collect())
         .collect();
-    let value = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
+    // A `[rows, cols]` tensor of fixed values (`shift` varies them).
+    let filled = |rows: usize, cols: usize, shift: usize| {
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i + shift) * 7919 % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        be.tensor_from(rows, cols, &data)
+    };
     // Fill the cache: every sequence's first `ctx` positions.
+    let (q, k) = (filled(ctx, n_head * hd, 0), filled(ctx, kv_dim, 3));
+    let mut out = be.tensor(ctx, n_head * hd);
     for layer in 0..n_layer {
-        let rows = ctx;
-        let q = be.tensor_from(
-            rows,
-            n_head * hd,
-            &(0..rows * n_head * hd).map(value).collect::<Vec<_>>(),
-        );
-        let k = be.tensor_from(
-            rows,
-            kv_dim,
-            &(0..rows * kv_dim).map(|i| value(i + 3)).collect::<Vec<_>>(),
-        );
-        let mut out = be.tensor(rows, n_head * hd);
         for t in &tables {
             let seq = [KvSeq {
                 blocks: t,
                 row: 0,
-                n_rows: rows,
+                n_rows: ctx,
                 pos: 0,
             }];
             be.attention(&q, &k, &k, &mut pool, layer, &seq, &cfg, &mut out)
                 .expect("fill");
         }
     }
-    let q = be.tensor_from(
-        seqs,
-        n_head * hd,
-        &(0..seqs * n_head * hd).map(value).collect::<Vec<_>>(),
-    );
-    let k = be.tensor_from(
-        seqs,
-        kv_dim,
-        &(0..seqs * kv_dim).map(|i| value(i + 5)).collect::<Vec<_>>(),
-    );
+    let (q, k) = (filled(seqs, n_head * hd, 0), filled(seqs, kv_dim, 5));
     let mut out = be.tensor(seqs, n_head * hd);
     let step: Vec<KvSeq> = tables
         .iter()

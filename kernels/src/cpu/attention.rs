@@ -407,7 +407,7 @@ fn attend<E: KvValue>(
 fn prefetch_rows<E>(kv: &[E], len: usize, stride: usize, off: usize, width: usize) {
     #[cfg(target_arch = "x86_64")]
     for t in 0..len {
-        super::simd::prefetch(&kv[t * stride + off..][..width]);
+        crate::quant::prefetch_l2(&kv[t * stride + off..][..width]);
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (kv, len, stride, off, width);

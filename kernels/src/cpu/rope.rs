@@ -26,7 +26,7 @@ impl Angles {
     /// Recompute for `positions` and `cfg` unless they are the ones held.
     fn update(&mut self, positions: &[u32], cfg: &RopeConfig) {
         let key = (cfg.n_rot, cfg.freq_base.to_bits(), cfg.freq_scale.to_bits());
-        if self.key == key && self.positions == positions && !positions.is_empty() {
+        if self.key == key && self.positions == positions {
             return;
         }
         let half = cfg.n_rot / 2;

@@ -25,19 +25,6 @@ pub fn has_f16c() -> bool {
     has_avx() && is_x86_feature_detected!("f16c")
 }
 
-/// Asks the CPU to bring every cache line of `data` into L2 (a hint:
-/// nothing is read, nothing can fault), so that rows read soon after come
-/// from cache rather than memory.
-#[inline]
-pub fn prefetch<T>(data: &[T]) {
-    let (p, bytes) = (data.as_ptr().cast::<i8>(), std::mem::size_of_val(data));
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: SSE (baseline on x86_64); a prefetch of any address is
-        // defined and never faults, and `p + off` lies inside `data`.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
-    }
-}
-
 /// [`dot_lanes`] with f16 values `b`, converted exactly (F16C); the
 /// caller checked [`has_f16c`].
 pub fn dot_lanes_f16(a: &[f32], b: &[half::f16]) -> [f32; 8] {

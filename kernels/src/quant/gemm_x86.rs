@@ -48,7 +48,7 @@ use std::sync::OnceLock;
 
 use super::activation::{Q8_0_BYTES, Q8_1_BYTES};
 use super::q4::Q4_1_BYTES;
-use super::simd_x86::{avx2_available, vnni_available};
+use super::simd_x86::{avx2_available, prefetch_l2, vnni_available};
 use super::types::{f16_at, put_f16};
 use super::GgmlType;
 
@@ -312,17 +312,12 @@ unsafe fn tiles<const Q41: bool, const G: usize>(
 }
 
 /// Prefetches weight rows `from..to` (`to <= m`) into L2, two tiles
-/// ahead of the one computing: weight rows stream from memory, and bursts
-/// of prefetches into L1 stall on its few miss buffers.
+/// ahead of the one computing: weight rows stream from memory.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 fn prefetch_rows<const Q41: bool>(w: &[u8], nb: usize, from: usize, to: usize) {
     let (w_bytes, _, _, _) = const { geometry(Q41) };
     let wrow = nb * w_bytes;
-    for off in (from * wrow..to.max(from) * wrow).step_by(64) {
-        // A prefetch never faults, and `off` lies inside the weight rows.
-        _mm_prefetch::<_MM_HINT_T1>(w.as_ptr().wrapping_add(off).cast());
-    }
+    prefetch_l2(&w[from * wrow..to.max(from) * wrow]);
 }
 
 /// Weight rows `i0..i0 + RW` (those below `m`) into `wt`.

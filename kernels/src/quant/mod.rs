@@ -48,6 +48,9 @@ mod q5;
 mod simd_x86;
 mod types;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use simd_x86::prefetch_l2;
+
 #[cfg(test)]
 pub(crate) mod tests;
 
