@@ -40,12 +40,17 @@ impl Device {
 }
 
 impl ModelArgs {
-    /// Open the backend `--device` asks for.
+    /// Open the backend `--device` asks for, in production numerics.
     pub fn open_device(&self) -> anyhow::Result<Device> {
+        self.open_device_with(ds4_kernels::Numerics::Production)
+    }
+
+    /// Open the backend `--device` asks for, computing with `numerics`.
+    pub fn open_device_with(&self, numerics: ds4_kernels::Numerics) -> anyhow::Result<Device> {
         use ds4_kernels::cuda::CudaBackend;
-        use ds4_kernels::{CpuBackend, Numerics};
+        use ds4_kernels::CpuBackend;
         let cuda = |ordinal: usize| {
-            CudaBackend::new(ordinal, Numerics::Production).map(|be| {
+            CudaBackend::new(ordinal, numerics).map(|be| {
                 let s = be.compile_stats();
                 tracing::info!(
                     ordinal,
@@ -58,10 +63,10 @@ impl ModelArgs {
             })
         };
         match self.device.as_str() {
-            "cpu" => Ok(Device::Cpu(CpuBackend::new())),
+            "cpu" => Ok(Device::Cpu(CpuBackend::with_numerics(numerics))),
             "auto" => Ok(cuda(0).unwrap_or_else(|e| {
                 tracing::info!(reason = %e, "no usable CUDA device; computing on the CPU");
-                Device::Cpu(CpuBackend::new())
+                Device::Cpu(CpuBackend::with_numerics(numerics))
             })),
             "cuda" => Ok(cuda(0)?),
             other => {

@@ -180,7 +180,7 @@ pub fn generate_stream<B: Backend>(
         ..Default::default()
     };
 
-    let mut dec = Decoding::new(&lm.prompter.tokenizer, req, opts);
+    let mut dec = Decoding::new(&lm.chat.tokenizer, req, opts);
     let mut t_decode = None;
     loop {
         let room = seq.tokens().len() + 1 < seq.ctx();

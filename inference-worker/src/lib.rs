@@ -1,10 +1,9 @@
 //! The inference worker: loads a model, generates, and serves HTTP.
 //!
-//! - [`runtime`]: a model ready to serve (weights, tokenizer, template);
+//! - [`runtime`]: a model ready to serve (weights, chat layer);
 //! - [`generate`]: one generation with prefix reuse, stop handling and timings;
 //! - [`sampler`], [`stop`]: token selection and stop strings;
 //! - [`engine`]: the single owner of the model that requests queue to;
-//! - [`tools`], [`reasoning`]: tool-call protocol and reasoning split;
 //! - [`metrics`]: Prometheus metrics;
 //! - [`api`]: the HTTP surfaces;
 //! - [`weights`]: weights imported from the weight owner, or placed standalone.
@@ -15,9 +14,7 @@ pub mod cli;
 pub mod engine;
 pub mod generate;
 pub mod metrics;
-pub mod reasoning;
 pub mod runtime;
 pub mod sampler;
 pub mod stop;
-pub mod tools;
 pub mod weights;

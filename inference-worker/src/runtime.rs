@@ -1,5 +1,6 @@
 //! A model ready to serve: the mapped GGUF, its family model bound to a
-//! backend, its tokenizer and its chat template. Weights are bound either
+//! backend, and its chat layer (the family's chat protocol and the
+//! tokenizer). Weights are bound either
 //! to regions this process placed (standalone) or to regions imported from
 //! the weight owner ([`crate::weights`]).
 
@@ -8,8 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ds4_kernels::Backend;
+use ds4_model::chat::Chat;
 use ds4_model::gguf::GgufFile;
-use ds4_model::prompt::{ChatMessage, ChatTemplate};
 use ds4_model::tokenizer::Tokenizer;
 use ds4_model::{Model, ModelError};
 
@@ -37,49 +38,15 @@ pub enum LoadError {
     #[error("model {path}: chat template: {source}")]
     Template {
         path: PathBuf,
-        source: ds4_model::prompt::PromptError,
+        source: ds4_model::chat::PromptError,
     },
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PromptError {
-    #[error("the model has no chat template; use raw prompts")]
-    NoTemplate,
-    #[error("chat template: {0}")]
-    Template(#[from] ds4_model::prompt::PromptError),
-    #[error("tokenizer: {0}")]
-    Tokenizer(#[from] ds4_model::tokenizer::TokenizerError),
-}
-
-/// Prompt rendering and tokenization, shareable with request handlers.
-#[derive(Clone)]
-pub struct Prompter {
-    pub tokenizer: Arc<Tokenizer>,
-    pub template: Option<Arc<ChatTemplate>>,
-    /// The model's family (its prompt and tool protocol).
-    pub family: ds4_model::families::Family,
-}
-
-impl Prompter {
-    /// Render a conversation with the chat template (generation prompt
-    /// appended) and tokenize it, special tokens recognised.
-    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<(String, Vec<u32>), PromptError> {
-        let template = self.template.as_ref().ok_or(PromptError::NoTemplate)?;
-        let text = template.render(messages, true)?;
-        let ids = self.tokenizer.encode(&text, true)?;
-        Ok((text, ids))
-    }
-
-    /// Tokenize a raw prompt (no template); special tokens are recognised.
-    pub fn raw_prompt(&self, text: &str) -> Result<Vec<u32>, PromptError> {
-        Ok(self.tokenizer.encode(text, true)?)
-    }
 }
 
 pub struct LoadedModel<B: Backend> {
     pub backend: B,
     pub model: Model<B>,
-    pub prompter: Prompter,
+    /// The family's chat protocol and the tokenizer.
+    pub chat: Chat,
     /// The id clients see in `/v1/models` and responses.
     pub model_id: String,
     pub path: PathBuf,
@@ -198,21 +165,19 @@ impl<B: Backend> LoadedModel<B> {
                 path: path.into(),
                 source,
             })?;
-        let template =
-            ChatTemplate::from_gguf(file.metadata()).map_err(|source| LoadError::Template {
-                path: path.into(),
-                source,
-            })?;
+        let protocol =
+            family
+                .chat_protocol(file.metadata())
+                .map_err(|source| LoadError::Template {
+                    path: path.into(),
+                    source,
+                })?;
         let model_id = model_id.unwrap_or_else(|| model_id_from_path(path));
-        let prompter = Prompter {
-            tokenizer: Arc::new(tokenizer),
-            template: template.map(Arc::new),
-            family,
-        };
+        let chat = Chat::new(Arc::new(tokenizer), protocol);
         Ok(LoadedModel {
             backend,
             model,
-            prompter,
+            chat,
             model_id,
             path: path.to_path_buf(),
             load_seconds: t0.elapsed().as_secs_f64(),

@@ -35,7 +35,7 @@ fn top5(row: &[f32]) -> Vec<usize> {
 /// All-position logits of the prompt, then a 16-token greedy continuation
 /// and the logits of every decode step.
 fn run<B: Backend>(lm: &LoadedModel<B>) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
-    let ids = lm.prompter.raw_prompt(PROMPT).unwrap();
+    let ids = lm.chat.raw_prompt(PROMPT).unwrap();
     let mut seq = lm.model.new_sequence(&lm.backend, 256).unwrap();
     let all = lm
         .model
@@ -92,7 +92,7 @@ fn smollm2_on_cuda_matches_the_cpu_backend() {
     let last = |v: &[f32]| top5(&v[v.len() - n_vocab..]);
     assert_eq!(last(&g_all), last(&c_all), "top-5 ids of the last position");
     assert_eq!(g_gen, c_gen, "greedy continuation");
-    let text = gpu.prompter.tokenizer.decode(&g_gen);
+    let text = gpu.chat.tokenizer.decode(&g_gen);
     println!("greedy continuation: {text:?}");
     assert!(
         text.starts_with("The capital of France is Paris."),

@@ -308,7 +308,7 @@ impl BackendError {
 }
 
 /// The operations a family forward pass may use.
-pub trait Backend: Send + Sync {
+pub trait Backend: Send + Sync + 'static {
     /// An activation matrix `[rows, cols]` f32, resident where the backend computes.
     type Tensor: Send;
     /// A bound weight.

@@ -33,10 +33,10 @@ use std::time::Instant;
 
 use ds4_kernels::quant::GgmlType;
 use ds4_kernels::CpuBackend;
+use ds4_model::chat::{ChatMessage, ChatTemplate};
 use ds4_model::families::{Logits, Model};
 use ds4_model::gguf::writer::{header_bytes, TensorHeader};
 use ds4_model::gguf::{parse_header, GgufFile, MetaValue};
-use ds4_model::prompt::{ChatMessage, ChatTemplate};
 use ds4_model::tokenizer::Tokenizer;
 
 type Result<T> = std::result::Result<T, String>;

@@ -2,9 +2,9 @@
 //! forward passes, the tokenizer and prompt rendering. Knows nothing of
 //! HTTP or processes.
 
+pub mod chat;
 pub mod families;
 pub mod gguf;
-pub mod prompt;
 pub mod tokenizer;
 
 pub use families::{Family, KvLayout, Logits, Model, ModelError, ModelInfo, PagedInput, Sequence};

@@ -8,8 +8,8 @@
 mod common;
 use common::model_path;
 
+use ds4_model::chat::{ChatMessage, ChatTemplate, PromptError, RenderInput};
 use ds4_model::gguf::GgufFile;
-use ds4_model::prompt::{ChatMessage, ChatTemplate, PromptError, RenderInput};
 use ds4_model::tokenizer::Tokenizer;
 use serde::Deserialize;
 

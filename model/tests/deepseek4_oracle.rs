@@ -27,6 +27,7 @@
 mod deepseek4_common;
 
 use ds4_kernels::{CpuBackend, Numerics};
+use ds4_model::families::deepseek4::Ds4Model;
 use ds4_model::gguf::GgufFile;
 use ds4_model::{Logits, Model};
 use serde_json::Value;
@@ -266,7 +267,9 @@ fn truncation_recomputes_the_kept_prefix() {
 /// (all on) the reference engine's FP8 K/V and FP4 indexer rounding.
 fn production_diff(sim: ds4_model::families::deepseek4::Ds4Numerics) -> Diff {
     let (mut m, be) = load(A.gguf, Numerics::Production);
-    m.deepseek4_mut().unwrap().set_numerics(sim);
+    m.family_model_mut::<Ds4Model<CpuBackend>>()
+        .unwrap()
+        .set_numerics(sim);
     let r = reference("logits-q2-64.trim.json");
     let ours = run(&m, &be, &r.tokens, false);
     compare(&ours, m.info().n_vocab, &r, 0.05)
@@ -307,7 +310,7 @@ fn production_q2_is_close_to_llamacpp_default_numerics() {
 fn activation_rounding_matches_the_float64_reference() {
     use ds4_model::families::deepseek4::Ds4Numerics;
     let (mut m, be) = load(A.gguf, Numerics::Exact);
-    m.deepseek4_mut()
+    m.family_model_mut::<Ds4Model<CpuBackend>>()
         .unwrap()
         .set_numerics(Ds4Numerics::PRODUCTION);
     let r = reference("ref-sim-64.trim.json");
@@ -330,7 +333,9 @@ fn activation_rounding_matches_the_float64_reference() {
 fn check_production(c: &Config, tol: f32, mean_tol: f64, min_agree: f64) {
     let (mut m, be) = load(c.gguf, Numerics::Production);
     assert_eq!(
-        m.deepseek4_mut().unwrap().numerics(),
+        m.family_model_mut::<Ds4Model<CpuBackend>>()
+            .unwrap()
+            .numerics(),
         ds4_model::families::deepseek4::Ds4Numerics::PRODUCTION
     );
     let r = reference(c.prod_600);
@@ -396,7 +401,7 @@ fn b_production_matches_numpy_production_mode() {
 fn check_roundings(c: &Config, tol: f32, mean_tol: f64) {
     use ds4_model::families::deepseek4::Ds4Numerics;
     let (mut m, be) = load(c.gguf, Numerics::Exact);
-    m.deepseek4_mut()
+    m.family_model_mut::<Ds4Model<CpuBackend>>()
         .unwrap()
         .set_numerics(Ds4Numerics::PRODUCTION);
     let r = reference(c.prod_600);

@@ -6,8 +6,9 @@
 
 mod deepseek4_common;
 
-use ds4_model::prompt::deepseek4::{render, Conversation, Message, Thinking};
-use ds4_model::prompt::dsml::{parse_complete, DsmlEvent, DsmlStreamParser, ReplayMap, ToolCall};
+use ds4_model::chat::deepseek4::{render, Message, Transcript};
+use ds4_model::chat::dsml::{parse_complete, DsmlEvent, DsmlStreamParser, ReplayMap, ToolCall};
+use ds4_model::chat::Thinking;
 
 const SCHEMA: &str = r#"{"name":"get_weather","description":"Get current weather for a city","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}}"#;
 
@@ -41,7 +42,7 @@ fn spec_example_renders_byte_for_byte() {
     assert_eq!(want.len(), 2091);
     let tools = [SCHEMA.to_string()];
     let msgs = messages(r#"{"city": "Rome", "days": 1}"#);
-    let conv = Conversation {
+    let conv = Transcript {
         tools: &tools,
         messages: &msgs,
         thinking: Thinking::High,
@@ -89,7 +90,7 @@ fn sampled_tool_call_is_replayed_exactly() {
     if let Message::Assistant { reasoning: r, .. } = &mut msgs[2] {
         *r = Some(reasoning.to_string());
     }
-    let conv = Conversation {
+    let conv = Transcript {
         tools: &tools,
         messages: &msgs,
         thinking: Thinking::High,

@@ -25,8 +25,8 @@ mod common;
 
 use ds4_kernels::cpu::sampling::{argmax, top_k};
 use ds4_kernels::CpuBackend;
+use ds4_model::chat::{ChatMessage, ChatTemplate};
 use ds4_model::gguf::GgufFile;
-use ds4_model::prompt::{ChatMessage, ChatTemplate};
 use ds4_model::tokenizer::Tokenizer;
 use ds4_model::{Logits, Model};
 use serde_json::Value;

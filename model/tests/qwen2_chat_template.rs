@@ -9,7 +9,7 @@
 //! the order the client sent them (serde_json and minijinja are built with
 //! `preserve_order`), as Python does.
 
-use ds4_model::prompt::{ChatTemplate, RenderInput};
+use ds4_model::chat::{ChatTemplate, RenderInput};
 use serde_json::Value;
 
 fn fixture(name: &str) -> String {

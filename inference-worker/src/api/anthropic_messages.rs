@@ -11,13 +11,14 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::convo::{self, schema_or_empty, Conversation, Role, Turn};
+use super::convo::{self, schema_or_empty};
 use super::error::parse_json;
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{ApiError, AppState, Reply, SamplingFields};
 use crate::generate::FinishReason;
-use crate::tools::{new_call_id, ToolCall, ToolChoice, ToolSpec};
-use ds4_model::prompt::deepseek4::Thinking;
+use ds4_model::chat::{
+    new_call_id, Conversation, Rendered, Role, Thinking, ToolCall, ToolChoice, ToolSpec, Turn,
+};
 
 const SURFACE: &str = "messages";
 
@@ -255,14 +256,10 @@ async fn render(
     state: &AppState,
     req: &MessagesRequest,
     body: &[u8],
-) -> Result<convo::Rendered, ApiError> {
+) -> Result<Rendered, ApiError> {
     let mut convo = conversation(req)?;
     attach_raw_tools(&mut convo, body);
-    let prompter = state.prompter.clone();
-    let opts = state.render_options();
-    tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "toolu_", &opts))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
+    convo::render(&state.chat, convo, state.render_options()).await
 }
 
 pub async fn count_tokens(
@@ -315,8 +312,8 @@ async fn inner(
         sampling,
         stop: req.stop_sequences.clone(),
         logprobs: None,
-        tools: rendered.tools,
-        reasoning: rendered.reasoning,
+        answer: rendered.answer,
+        id_prefix: "toolu_",
     };
     let run = run::start(&state, job)?;
     let id = new_call_id("msg_");

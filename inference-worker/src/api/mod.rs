@@ -35,9 +35,8 @@ use axum::Router;
 use serde::Deserialize;
 
 use crate::engine::EngineHandle;
-use crate::runtime::Prompter;
 use crate::sampler::SamplingParams;
-use crate::tools::ReplayStore;
+use ds4_model::chat::{Chat, RenderOptions, ReplayStore};
 pub use error::ApiError;
 
 /// Default largest request body (a long agent conversation fits easily).
@@ -73,7 +72,8 @@ impl Default for ServerOptions {
 /// What every handler can see.
 pub struct AppState {
     pub engine: EngineHandle,
-    pub prompter: Prompter,
+    /// The loaded family's chat layer.
+    pub chat: Chat,
     pub model_id: String,
     /// Tokens a request may occupy (prompt + completion).
     pub ctx: usize,
@@ -91,14 +91,14 @@ pub struct AppState {
 impl AppState {
     pub fn new(
         engine: EngineHandle,
-        prompter: Prompter,
+        chat: Chat,
         model_id: String,
         ctx: usize,
         opts: ServerOptions,
     ) -> AppState {
         AppState {
             engine,
-            prompter,
+            chat,
             model_id,
             ctx,
             created: unix_now(),
@@ -122,8 +122,8 @@ impl AppState {
     }
 
     /// What prompt rendering needs from the server.
-    pub fn render_options(&self) -> convo::RenderOptions {
-        convo::RenderOptions {
+    pub fn render_options(&self) -> RenderOptions {
+        RenderOptions {
             ctx: self.ctx,
             replay: self.replay.clone(),
         }

@@ -10,14 +10,14 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::convo::{self, Conversation, Role, Turn};
+use super::convo;
 use super::error::parse_json;
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{stop_list, ApiError, AppState, Reply, SamplingFields, Stop};
 use crate::generate::{FinishReason, TokenLogprobs};
-use crate::runtime::Prompter;
-use crate::tools::{new_call_id, ToolCall, ToolChoice, ToolSpec};
-use ds4_model::prompt::deepseek4::Thinking;
+use ds4_model::chat::{
+    new_call_id, Chat, Conversation, Role, Thinking, ToolCall, ToolChoice, ToolSpec, Turn,
+};
 
 const SURFACE: &str = "chat";
 
@@ -287,12 +287,7 @@ async fn inner(
     let stop = stop_list(req.stop.take())?;
     let mut convo = conversation(&mut req)?;
     attach_raw_tools(&mut convo, &body);
-    let prompter = state.prompter.clone();
-    let opts = state.render_options();
-    let rendered =
-        tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "call_", &opts))
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
     let logprobs = req
         .logprobs
         .then(|| req.top_logprobs.unwrap_or(0).min(20) as usize);
@@ -303,8 +298,8 @@ async fn inner(
         sampling,
         stop,
         logprobs,
-        tools: rendered.tools,
-        reasoning: rendered.reasoning,
+        answer: rendered.answer,
+        id_prefix: "call_",
     };
     let run = run::start(&state, job)?;
     let id = new_call_id("chatcmpl-");
@@ -314,7 +309,7 @@ async fn inner(
             id,
             created,
             model: state.model_id.clone(),
-            prompter: logprobs.map(|_| state.prompter.clone()),
+            chat: logprobs.map(|_| state.chat.clone()),
             include_usage: req.stream_options.is_some_and(|o| o.include_usage),
         };
         return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
@@ -324,7 +319,7 @@ async fn inner(
         content: c
             .tokens
             .iter()
-            .filter_map(|(id, lp)| lp.as_ref().map(|lp| entry(&state.prompter, *id, lp)))
+            .filter_map(|(id, lp)| lp.as_ref().map(|lp| entry(&state.chat, *id, lp)))
             .collect(),
     });
     let token_ids = req
@@ -393,7 +388,7 @@ pub(super) fn usage(f: &Finish) -> Usage {
     }
 }
 
-fn entry(p: &Prompter, id: u32, lp: &TokenLogprobs) -> LogprobEntry {
+fn entry(p: &Chat, id: u32, lp: &TokenLogprobs) -> LogprobEntry {
     let alt = |id: u32, logprob: f32| TopLogprob {
         token: p.tokenizer.decode(&[id]),
         logprob,
@@ -479,7 +474,7 @@ struct ChatStream {
     created: u64,
     model: String,
     /// For log-probabilities, when asked for.
-    prompter: Option<Prompter>,
+    chat: Option<Chat>,
     include_usage: bool,
 }
 
@@ -552,7 +547,7 @@ impl Shape for ChatStream {
         for d in deltas {
             match d {
                 Delta::Token { id, logprobs } => {
-                    if let (Some(lp), Some(p)) = (logprobs, &self.prompter) {
+                    if let (Some(lp), Some(p)) = (logprobs, &self.chat) {
                         lps.push(entry(p, id, &lp));
                     }
                 }
@@ -625,7 +620,7 @@ mod tests {
             id: "chatcmpl-1".into(),
             created: 1,
             model: "m".into(),
-            prompter: None,
+            chat: None,
             include_usage: true,
         };
         let frames = drive(envelope_run(None), shape).await;
@@ -667,7 +662,7 @@ mod tests {
             id: "chatcmpl-1".into(),
             created: 1,
             model: "m".into(),
-            prompter: None,
+            chat: None,
             include_usage: true,
         };
         let frames = drive(crate::api::run::testing::failing_run(&["Hi"]), shape).await;
@@ -684,7 +679,7 @@ mod tests {
             id: "chatcmpl-1".into(),
             created: 1,
             model: "m".into(),
-            prompter: None,
+            chat: None,
             include_usage: false,
         };
         let frames = drive(dsml_run(None), shape).await;
@@ -733,7 +728,7 @@ mod tests {
     use crate::api::convo::testing::{
         api_prompt, renderer_prompt, REASONING, RESULT, SCHEMA, SYSTEM, USER,
     };
-    use crate::tools::ReplayStore;
+    use ds4_model::chat::ReplayStore;
 
     /// The specification's example as a chat request, with the earlier
     /// call `id` and `arguments`.
@@ -786,8 +781,9 @@ mod tests {
     #[tokio::test]
     async fn a_call_sent_back_in_history_replays_the_sampled_bytes() {
         use crate::api::run::testing::scripted;
-        use crate::api::run::ToolParsing;
-        use crate::tools::ToolProtocol;
+        use ds4_model::chat::deepseek4::THINK_DELIMITERS;
+        use ds4_model::chat::tool_stream::ToolProtocol;
+        use ds4_model::chat::ToolParsing;
         // The model wrote `days` with spaces around the value: not the
         // canonical form.
         let sampled = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\"> 1 </｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
@@ -799,9 +795,8 @@ mod tests {
         let store = std::sync::Arc::new(ReplayStore::default());
         let run = scripted(
             &pieces,
-            Some(crate::reasoning::DEEPSEEK4.inside()),
+            Some(THINK_DELIMITERS.inside()),
             Some(ToolParsing {
-                id_prefix: "call_",
                 names: vec!["get_weather".into()],
                 forced: String::new(),
                 protocol: ToolProtocol::Dsml,
@@ -831,7 +826,7 @@ mod tests {
             id: "chatcmpl-1".into(),
             created: 1,
             model: "m".into(),
-            prompter: None,
+            chat: None,
             include_usage: false,
         };
         let frames = drive(crate::api::run::testing::thinking_run(), shape).await;

@@ -14,8 +14,7 @@ use super::openai_chat::{usage, Usage};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{stop_list, ApiError, AppState, Reply, SamplingFields, Stop};
 use crate::generate::{FinishReason, TokenLogprobs};
-use crate::runtime::Prompter;
-use crate::tools::new_call_id;
+use ds4_model::chat::{new_call_id, AnswerFormat, Chat};
 
 const SURFACE: &str = "completions";
 
@@ -96,7 +95,7 @@ async fn inner(
     }
     let sampling = req.sampling.params()?;
     let stop = stop_list(req.stop.take())?;
-    let p = state.prompter.clone();
+    let p = state.chat.clone();
     let (text, tokens) = match req.prompt {
         Prompt::Text(t) => prompt_text(&p, t).await?,
         Prompt::TextBatch(mut v) if v.len() == 1 => prompt_text(&p, v.remove(0)).await?,
@@ -117,10 +116,10 @@ async fn inner(
         sampling,
         stop,
         logprobs,
-        tools: None,
         // A raw completion is the generated text verbatim, reasoning
-        // delimiters included.
-        reasoning: None,
+        // delimiters and tool syntax included.
+        answer: AnswerFormat::default(),
+        id_prefix: "call_",
     };
     let run = run::start(&state, job)?;
     let id = new_call_id("cmpl-");
@@ -131,7 +130,7 @@ async fn inner(
             id,
             created,
             model: state.model_id.clone(),
-            prompter: p,
+            chat: p,
             include_usage: req.stream_options.is_some_and(|o| o.include_usage),
             echo,
         };
@@ -167,7 +166,7 @@ async fn inner(
     Ok(Reply::Json(Json(resp).into_response()))
 }
 
-async fn prompt_text(p: &Prompter, text: String) -> Result<(String, Vec<u32>), ApiError> {
+async fn prompt_text(p: &Chat, text: String) -> Result<(String, Vec<u32>), ApiError> {
     let p = p.clone();
     tokio::task::spawn_blocking(move || {
         let ids = p
@@ -179,7 +178,7 @@ async fn prompt_text(p: &Prompter, text: String) -> Result<(String, Vec<u32>), A
     .map_err(|e| ApiError::Internal(e.to_string()))?
 }
 
-fn prompt_tokens(p: &Prompter, ids: Vec<u32>) -> Result<(String, Vec<u32>), ApiError> {
+fn prompt_tokens(p: &Chat, ids: Vec<u32>) -> Result<(String, Vec<u32>), ApiError> {
     let vocab = p.tokenizer.vocab_size();
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::bad(
@@ -198,11 +197,7 @@ fn finish_reason(f: &Finish) -> &'static str {
 }
 
 /// The Completions log-probability shape; offsets start at `offset`.
-fn legacy_logprobs(
-    p: &Prompter,
-    entries: &[(u32, &TokenLogprobs)],
-    offset: usize,
-) -> LegacyLogprobs {
+fn legacy_logprobs(p: &Chat, entries: &[(u32, &TokenLogprobs)], offset: usize) -> LegacyLogprobs {
     let mut out = LegacyLogprobs::default();
     let mut at = offset;
     for (id, lp) in entries {
@@ -258,7 +253,7 @@ struct CompletionStream {
     id: String,
     created: u64,
     model: String,
-    prompter: Prompter,
+    chat: Chat,
     include_usage: bool,
     /// Echoed prompt, sent with the first chunk.
     echo: String,
@@ -331,7 +326,7 @@ impl Shape for CompletionStream {
         }
         let lp = (!lps.is_empty()).then(|| {
             let refs: Vec<_> = lps.iter().map(|(id, lp)| (*id, lp)).collect();
-            legacy_logprobs(&self.prompter, &refs, 0)
+            legacy_logprobs(&self.chat, &refs, 0)
         });
         vec![self.text(text, None, lp)]
     }

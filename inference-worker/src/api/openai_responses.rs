@@ -11,13 +11,13 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::convo::{self, Conversation, Role, Turn};
+use super::convo;
 use super::error::parse_json;
 use super::openai_chat::tool_choice;
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{ApiError, AppState, Reply, SamplingFields};
 use crate::generate::FinishReason;
-use crate::tools::{new_call_id, ToolCall, ToolSpec};
+use ds4_model::chat::{new_call_id, Conversation, Role, ToolCall, ToolSpec, Turn};
 
 const SURFACE: &str = "responses";
 
@@ -280,20 +280,15 @@ async fn inner(
     let sampling = req.sampling.params()?;
     let mut convo = conversation(&req)?;
     attach_raw_tools(&mut convo, &body);
-    let prompter = state.prompter.clone();
-    let opts = state.render_options();
-    let rendered =
-        tokio::task::spawn_blocking(move || convo::render(&prompter, &convo, "call_", &opts))
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
     let job = Job {
         prompt: rendered.tokens,
         max_tokens: req.max_output_tokens,
         sampling: sampling.clone(),
         stop: Vec::new(),
         logprobs: None,
-        tools: rendered.tools,
-        reasoning: rendered.reasoning,
+        answer: rendered.answer,
+        id_prefix: "call_",
     };
     let run = run::start(&state, job)?;
     let meta = Meta {
@@ -766,7 +761,7 @@ impl Shape for ResponsesStream {
 mod tests {
     use super::*;
     use crate::api::run::testing::{drive, envelope_run, events, thinking_run};
-    use ds4_model::prompt::deepseek4::Thinking;
+    use ds4_model::chat::Thinking;
 
     fn shape() -> ResponsesStream {
         ResponsesStream {

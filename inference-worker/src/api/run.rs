@@ -15,9 +15,8 @@ use tokio::sync::mpsc;
 use super::{ApiError, AppState};
 use crate::engine::Event;
 use crate::generate::{FinishReason, GenerateRequest, StreamOptions, Timings, TokenLogprobs};
-use crate::reasoning::{Delimiters, Part, ReasoningSplitter};
 use crate::sampler::SamplingParams;
-use crate::tools::{new_call_id, ReplayStore, ToolCall, ToolEvent, ToolProtocol, ToolStream};
+use ds4_model::chat::{AnswerEvent, AnswerFormat, AnswerParser, ToolCall};
 
 /// A request ready for the engine.
 #[derive(Debug)]
@@ -27,26 +26,11 @@ pub struct Job {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub logprobs: Option<usize>,
-    /// Parse generated text for tool calls.
-    pub tools: Option<ToolParsing>,
-    /// How the generated text marks reasoning (the prompt decides whether
-    /// it starts inside the reasoning).
-    pub reasoning: Option<Delimiters>,
-}
-
-/// How to find tool calls in a run's text.
-#[derive(Clone, Debug)]
-pub struct ToolParsing {
-    /// Call ids get this prefix (`call_`, `toolu_`).
+    /// How to read the answer (reasoning, tool calls): the chat layer's
+    /// rendering says.
+    pub answer: AnswerFormat,
+    /// Generated tool-call ids start with this (`call_`, `toolu_`).
     pub id_prefix: &'static str,
-    /// Names that may be called.
-    pub names: Vec<String>,
-    /// Text the prompt opened a forced call with.
-    pub forced: String,
-    /// The family's tool protocol.
-    pub protocol: ToolProtocol,
-    /// Where a call's sampled bytes are kept (protocols that replay them).
-    pub replay: Option<Arc<ReplayStore>>,
 }
 
 /// What a run produces, in order.
@@ -73,6 +57,18 @@ pub enum Delta {
     },
     /// The current call is complete.
     CallEnd,
+}
+
+impl From<AnswerEvent> for Delta {
+    fn from(e: AnswerEvent) -> Delta {
+        match e {
+            AnswerEvent::Reasoning(r) => Delta::Reasoning(r),
+            AnswerEvent::Text(t) => Delta::Text(t),
+            AnswerEvent::CallStart { index, id, name } => Delta::CallStart { index, id, name },
+            AnswerEvent::CallArgs { index, delta } => Delta::CallArgs { index, delta },
+            AnswerEvent::CallEnd => Delta::CallEnd,
+        }
+    }
 }
 
 /// How a run ended.
@@ -127,21 +123,10 @@ pub enum Step {
 /// A request running on the engine. Dropping it cancels the generation.
 pub struct Run {
     rx: mpsc::UnboundedReceiver<Event>,
-    splitter: ReasoningSplitter,
-    tools: Option<Tools>,
-    calls: usize,
+    answer: AnswerParser,
     /// The end, held while the last text goes out.
     pending: Option<Finish>,
     done: bool,
-}
-
-/// Tool-call parsing state of a run.
-struct Tools {
-    stream: ToolStream,
-    id_prefix: &'static str,
-    replay: Option<Arc<ReplayStore>>,
-    /// Ids of the calls since the last block was stored.
-    block_ids: Vec<String>,
 }
 
 /// Check `job` against the context and queue it.
@@ -173,26 +158,19 @@ pub fn start(state: &AppState, job: Job) -> Result<Run, ApiError> {
             logprobs: job.logprobs,
         },
     )?;
-    Ok(Run::new(rx, job.reasoning, job.tools))
+    Ok(Run::new(rx, job.answer, job.id_prefix))
 }
 
 impl Run {
-    /// A run over engine events.
+    /// A run over engine events whose answer is read as `answer` says.
     pub fn new(
         rx: mpsc::UnboundedReceiver<Event>,
-        reasoning: Option<Delimiters>,
-        tools: Option<ToolParsing>,
+        answer: AnswerFormat,
+        id_prefix: &'static str,
     ) -> Run {
         Run {
             rx,
-            splitter: ReasoningSplitter::new(reasoning),
-            tools: tools.map(|t| Tools {
-                stream: ToolStream::new(t.protocol, t.names, &t.forced),
-                id_prefix: t.id_prefix,
-                replay: t.replay,
-                block_ids: Vec::new(),
-            }),
-            calls: 0,
+            answer: AnswerParser::new(answer, id_prefix),
             pending: None,
             done: false,
         }
@@ -218,27 +196,17 @@ impl Run {
                     id: token,
                     logprobs,
                 }];
-                let parts = self.splitter.push(&text);
-                self.route(parts, &mut out);
+                out.extend(self.answer.push(&text).into_iter().map(Delta::from));
                 Step::Deltas(out)
             }
             Some(Event::Done(g)) => {
-                let mut out = Vec::new();
-                let parts = self.splitter.finish();
-                self.route(parts, &mut out);
-                let mut cut_short = false;
-                if let Some(t) = &mut self.tools {
-                    let events = t.stream.finish();
-                    self.calls = t.events(events, self.calls, &mut out);
-                    cut_short = t.stream.cut_short();
-                }
+                let (events, calls) = self.answer.finish();
+                let out: Vec<Delta> = events.into_iter().map(Delta::from).collect();
                 let finish = Finish {
                     reason: g.finish,
                     stop_string: g.stop_string,
                     timings: g.timings,
-                    // A call the token limit cut short is not a finished
-                    // call: the run ended for length.
-                    calls: self.calls - usize::from(cut_short),
+                    calls,
                 };
                 if out.is_empty() {
                     self.done = true;
@@ -258,59 +226,6 @@ impl Run {
                 Step::Failed(ApiError::Internal("the engine dropped the request".into()))
             }
         }
-    }
-
-    fn route(&mut self, parts: Vec<Part>, out: &mut Vec<Delta>) {
-        for part in parts {
-            // After a closed tool-call block the turn is over: what follows
-            // is neither answer nor reasoning.
-            if self.tools.as_ref().is_some_and(|t| t.stream.is_done()) {
-                return;
-            }
-            match part {
-                Part::Reasoning(r) => out.push(Delta::Reasoning(r)),
-                Part::Answer(a) => match &mut self.tools {
-                    None => out.push(Delta::Text(a)),
-                    Some(t) => {
-                        let events = t.stream.push(&a);
-                        self.calls = t.events(events, self.calls, out);
-                    }
-                },
-            }
-        }
-    }
-}
-
-impl Tools {
-    /// Turn parser events into deltas; returns the calls count.
-    fn events(&mut self, events: Vec<ToolEvent>, mut calls: usize, out: &mut Vec<Delta>) -> usize {
-        for e in events {
-            match e {
-                ToolEvent::Text(t) => out.push(Delta::Text(t)),
-                ToolEvent::Start { name } => {
-                    let id = new_call_id(self.id_prefix);
-                    self.block_ids.push(id.clone());
-                    out.push(Delta::CallStart {
-                        index: calls,
-                        id,
-                        name,
-                    });
-                    calls += 1;
-                }
-                ToolEvent::Args(delta) => out.push(Delta::CallArgs {
-                    index: calls.saturating_sub(1),
-                    delta,
-                }),
-                ToolEvent::End => out.push(Delta::CallEnd),
-                ToolEvent::Block { raw } => {
-                    let ids = std::mem::take(&mut self.block_ids);
-                    if let Some(r) = &self.replay {
-                        r.insert(ids.iter().map(String::as_str), &raw);
-                    }
-                }
-            }
-        }
-        calls
     }
 }
 
@@ -470,7 +385,9 @@ pub fn sse(
 pub(crate) mod testing {
     use super::*;
     use crate::generate::Generation;
-    use crate::reasoning::Delimiters;
+    use ds4_model::chat::deepseek4::THINK_DELIMITERS;
+    use ds4_model::chat::tool_stream::ToolProtocol;
+    use ds4_model::chat::{Delimiters, ReplayStore, ToolParsing};
 
     /// A run whose engine "generates" `pieces` (one token each).
     pub fn scripted(
@@ -499,7 +416,7 @@ pub(crate) mod testing {
             },
         }))
         .unwrap();
-        Run::new(rx, reasoning, tools)
+        Run::new(rx, AnswerFormat { reasoning, tools }, "call_")
     }
 
     /// Text, then a call envelope split at awkward places.
@@ -517,7 +434,6 @@ pub(crate) mod testing {
             ],
             None,
             Some(ToolParsing {
-                id_prefix: "call_",
                 names: vec!["get_weather".into()],
                 forced: forced.unwrap_or_default().to_string(),
                 protocol: ToolProtocol::Envelope,
@@ -532,9 +448,8 @@ pub(crate) mod testing {
     pub fn dsml_run(replay: Option<Arc<ReplayStore>>) -> Run {
         scripted(
             &DSML_PIECES,
-            Some(crate::reasoning::DEEPSEEK4.inside()),
+            Some(THINK_DELIMITERS.inside()),
             Some(ToolParsing {
-                id_prefix: "call_",
                 names: vec!["get_weather".into()],
                 forced: String::new(),
                 protocol: ToolProtocol::Dsml,
@@ -589,7 +504,7 @@ pub(crate) mod testing {
             })
             .unwrap();
         }
-        Run::new(rx, None, None)
+        Run::new(rx, AnswerFormat::default(), "call_")
     }
 
     /// Every frame `shape` produces for `run`.
@@ -629,6 +544,8 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::*;
     use super::*;
+    use ds4_model::chat::tool_stream::ToolProtocol;
+    use ds4_model::chat::{ReplayStore, ToolParsing};
 
     #[tokio::test]
     async fn a_call_cut_short_is_not_a_finished_call() {
@@ -636,7 +553,6 @@ mod tests {
             &["<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"ci"],
             None,
             Some(ToolParsing {
-                id_prefix: "call_",
                 names: vec!["get_weather".into()],
                 forced: String::new(),
                 protocol: ToolProtocol::Envelope,
@@ -718,6 +634,8 @@ mod tests {
     async fn a_dropped_engine_is_an_error() {
         let (tx, rx) = mpsc::unbounded_channel::<Event>();
         drop(tx);
-        assert!(collect(Run::new(rx, None, None)).await.is_err());
+        assert!(collect(Run::new(rx, AnswerFormat::default(), "call_"))
+            .await
+            .is_err());
     }
 }

@@ -112,7 +112,7 @@ where
         Some(p) => {
             let s =
                 std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-            lm.prompter.tokenizer.encode(&s, false)?
+            lm.chat.tokenizer.encode(&s, false)?
         }
         None => filler(4096, vocab),
     };

@@ -122,7 +122,7 @@ where
         load_s = format!("{:.2}", lm.load_seconds),
         "model loaded"
     );
-    let prompter = lm.prompter.clone();
+    let chat = lm.chat.clone();
     let model_id = lm.model_id.clone();
     let cfg = engine::EngineConfig {
         ctx,
@@ -144,7 +144,7 @@ where
         max_body_bytes: cli.max_body_mb.max(1) * 1024 * 1024,
         owner_alive: weights.as_ref().map(|w| w.owner_alive_flag()),
     };
-    let state = Arc::new(AppState::new(handle, prompter, model_id, ctx, opts));
+    let state = Arc::new(AppState::new(handle, chat, model_id, ctx, opts));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -1,27 +1,33 @@
 //! `ds4`: run a prompt through a model, or chat with it interactively.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use ds4_inference_worker::cli::{init_logging, ModelArgs};
+use ds4_inference_worker::cli::{init_logging, Device, ModelArgs};
 use ds4_inference_worker::generate::{generate, GenerateRequest, Generation};
 use ds4_inference_worker::runtime::LoadedModel;
 use ds4_inference_worker::sampler::SamplingParams;
 use ds4_kernels::cpu::sampling::top_k;
-use ds4_kernels::{CpuBackend, Numerics};
+use ds4_kernels::{Backend, Numerics};
+use ds4_model::chat::{
+    AnswerEvent, AnswerFormat, AnswerParser, ChatError, Conversation, RenderOptions, ReplayStore,
+    Role, Thinking,
+};
 use ds4_model::gguf::GgufFile;
-use ds4_model::prompt::ChatMessage;
 use ds4_model::{Logits, Model};
 use serde::Serialize;
 
-/// Generate text with a GGUF model on the CPU.
+/// Generate text with a GGUF model, on the CPU or a CUDA GPU (--device).
 ///
 /// With -p or --prompt-file, the prompt is rendered with the model's chat
-/// template (unless --raw), the answer is printed, and timings go to stderr.
-/// Without a prompt, ds4 starts an interactive chat on the terminal.
+/// protocol (its chat template, or DeepSeek V4's own prompt format) unless
+/// --raw; the answer goes to stdout, the model's reasoning (families that
+/// think) and timings to stderr. Without a prompt, ds4 starts an
+/// interactive chat on the terminal.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -58,6 +64,11 @@ struct Cli {
     /// System message for chat prompts (default: the template's own).
     #[arg(long)]
     system: Option<String>,
+    /// How hard a model that thinks (DeepSeek V4) thinks: none, minimal,
+    /// low, medium, high, xhigh or max (max needs --ctx of 393216 or more;
+    /// below it, high). Models that do not think ignore it.
+    #[arg(long, default_value = "high", value_parser = parse_effort)]
+    reasoning_effort: Thinking,
     /// Write the prompt's token ids and the top 20 logits at the position
     /// after the prompt as JSON to FILE.
     #[arg(long, value_name = "FILE")]
@@ -105,10 +116,14 @@ struct LogitsJson {
     positions: Vec<PositionLogits>,
 }
 
+fn parse_effort(s: &str) -> Result<Thinking, String> {
+    Thinking::from_effort(s).ok_or_else(|| format!("expected one of {}", Thinking::EFFORTS))
+}
+
 /// `--tokens-file`: logits for every position of a fixed token sequence.
-fn eval_tokens(
+fn eval_tokens<B: Backend>(
     cli: &Cli,
-    backend: CpuBackend,
+    backend: B,
     tokens_file: &Path,
     out: &Path,
 ) -> anyhow::Result<()> {
@@ -182,13 +197,21 @@ fn main() -> anyhow::Result<()> {
     init_logging("warn");
     let cli = Cli::parse();
     cli.model.init_threads();
-    let backend = if cli.exact_numerics {
-        CpuBackend::with_numerics(Numerics::Exact)
+    let numerics = if cli.exact_numerics {
+        Numerics::Exact
     } else {
-        CpuBackend::new()
+        Numerics::Production
     };
+    match cli.model.open_device_with(numerics)? {
+        Device::Cpu(be) => run_with(&cli, be),
+        Device::Cuda(be) => run_with(&cli, *be),
+    }
+}
+
+/// Everything after the backend is chosen.
+fn run_with<B: Backend>(cli: &Cli, backend: B) -> anyhow::Result<()> {
     if let (Some(tokens_file), Some(out)) = (&cli.tokens_file, &cli.logits_json) {
-        return eval_tokens(&cli, backend, tokens_file, out);
+        return eval_tokens(cli, backend, tokens_file, out);
     }
     let lm = LoadedModel::open(&cli.model.model, backend, None)?;
     let sampling = SamplingParams {
@@ -207,36 +230,43 @@ fn main() -> anyhow::Result<()> {
         (None, None) => None,
     };
     match prompt {
-        Some(p) => one_shot(&cli, &lm, &p, sampling),
-        None => chat(&cli, &lm, sampling),
+        Some(p) => one_shot(cli, &lm, &p, sampling),
+        None => chat(cli, &lm, sampling),
     }
 }
 
-fn system_messages(cli: &Cli) -> Vec<ChatMessage> {
-    cli.system
-        .iter()
-        .map(|s| ChatMessage {
-            role: "system".into(),
-            content: s.clone(),
-        })
-        .collect()
+/// A conversation holding the `--system` message, if any.
+fn new_conversation(cli: &Cli) -> Conversation {
+    let mut c = Conversation {
+        thinking: Some(cli.reasoning_effort),
+        ..Conversation::default()
+    };
+    if let Some(s) = &cli.system {
+        c.push_text(Role::System, s);
+    }
+    c
 }
 
-fn one_shot(
+fn render_options(cli: &Cli) -> RenderOptions {
+    RenderOptions {
+        ctx: cli.ctx,
+        replay: Arc::new(ReplayStore::default()),
+    }
+}
+
+fn one_shot<B: Backend>(
     cli: &Cli,
-    lm: &LoadedModel<CpuBackend>,
+    lm: &LoadedModel<B>,
     text: &str,
     sampling: SamplingParams,
 ) -> anyhow::Result<()> {
-    let ids = if cli.raw {
-        lm.prompter.raw_prompt(text)?
+    let (ids, answer) = if cli.raw {
+        (lm.chat.raw_prompt(text)?, AnswerFormat::default())
     } else {
-        let mut messages = system_messages(cli);
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: text.to_string(),
-        });
-        lm.prompter.chat_prompt(&messages)?.1
+        let mut c = new_conversation(cli);
+        c.push_text(Role::User, text);
+        let r = lm.chat.render(&c, &render_options(cli))?;
+        (r.tokens, r.answer)
     };
     let mut seq = lm.model.new_sequence(&lm.backend, cli.ctx)?;
     if let Some(path) = &cli.dump_logits {
@@ -262,24 +292,54 @@ fn one_shot(
         stop: Vec::new(),
         ignore_eos: false,
     };
-    let g = run(lm, &mut seq, &req)?;
+    let (g, _) = run(lm, &mut seq, &req, answer)?;
     println!();
     report(&g);
     Ok(())
 }
 
-fn run(
-    lm: &LoadedModel<CpuBackend>,
-    seq: &mut ds4_model::Sequence<CpuBackend>,
+/// Generate, printing the answer to stdout and reasoning to stderr (dim on
+/// a terminal) as they come; returns the generation and its answer split
+/// into (reasoning, answer text).
+fn run<B: Backend>(
+    lm: &LoadedModel<B>,
+    seq: &mut ds4_model::Sequence<B>,
     req: &GenerateRequest,
-) -> anyhow::Result<Generation> {
+    answer: AnswerFormat,
+) -> anyhow::Result<(Generation, (String, String))> {
+    let mut parser = AnswerParser::new(answer, "call_");
     let mut out = std::io::stdout();
-    let mut on_text = |t: &str| {
-        let _ = out.write_all(t.as_bytes());
-        let _ = out.flush();
-        ControlFlow::Continue(())
+    let mut err = std::io::stderr();
+    let dim = err.is_terminal();
+    let (mut reasoning, mut text) = (String::new(), String::new());
+    let mut show = |events: Vec<AnswerEvent>| {
+        for e in events {
+            match e {
+                AnswerEvent::Reasoning(r) => {
+                    let _ = if dim {
+                        write!(err, "\x1b[2m{r}\x1b[0m")
+                    } else {
+                        write!(err, "{r}")
+                    };
+                    reasoning.push_str(&r);
+                }
+                AnswerEvent::Text(t) => {
+                    let _ = out.write_all(t.as_bytes());
+                    let _ = out.flush();
+                    text.push_str(&t);
+                }
+                // No tools are offered here.
+                AnswerEvent::CallStart { .. } | AnswerEvent::CallArgs { .. } => {}
+                AnswerEvent::CallEnd => {}
+            }
+        }
     };
-    Ok(generate(lm, seq, req, &mut on_text)?)
+    let g = generate(lm, seq, req, &mut |t: &str| {
+        show(parser.push(t));
+        ControlFlow::Continue(())
+    })?;
+    show(parser.finish().0);
+    Ok((g, (reasoning, text)))
 }
 
 fn report(g: &Generation) {
@@ -295,12 +355,20 @@ fn report(g: &Generation) {
     );
 }
 
-fn chat(cli: &Cli, lm: &LoadedModel<CpuBackend>, sampling: SamplingParams) -> anyhow::Result<()> {
-    if cli.raw || lm.prompter.template.is_none() {
-        anyhow::bail!("interactive chat needs the model's chat template; pass -p for a raw prompt");
+fn chat<B: Backend>(
+    cli: &Cli,
+    lm: &LoadedModel<B>,
+    sampling: SamplingParams,
+) -> anyhow::Result<()> {
+    if cli.raw {
+        anyhow::bail!("interactive chat renders a conversation; --raw needs -p");
+    }
+    let mut convo = new_conversation(cli);
+    let opts = render_options(cli);
+    if !lm.chat.can_chat() {
+        anyhow::bail!("{}", ChatError::NoTemplate);
     }
     eprintln!("ds4 chat with {} (Ctrl-D or /exit to quit)", lm.model_id);
-    let mut messages = system_messages(cli);
     let mut seq = lm.model.new_sequence(&lm.backend, cli.ctx)?;
     let stdin = std::io::stdin();
     loop {
@@ -316,32 +384,34 @@ fn chat(cli: &Cli, lm: &LoadedModel<CpuBackend>, sampling: SamplingParams) -> an
         if line.trim() == "/exit" {
             break;
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: line.to_string(),
-        });
-        let (_, ids) = lm.prompter.chat_prompt(&messages)?;
-        let max_tokens = cli.n_predict.min(cli.ctx.saturating_sub(ids.len()));
+        let mut next = convo.clone();
+        next.push_text(Role::User, line);
+        let rendered = match lm.chat.render(&next, &opts) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: {e}");
+                continue;
+            }
+        };
+        let max_tokens = cli
+            .n_predict
+            .min(cli.ctx.saturating_sub(rendered.tokens.len()));
         let req = GenerateRequest {
-            prompt: ids,
+            prompt: rendered.tokens,
             max_tokens,
             sampling: sampling.clone(),
             stop: Vec::new(),
             ignore_eos: false,
         };
-        match run(lm, &mut seq, &req) {
-            Ok(g) => {
+        match run(lm, &mut seq, &req, rendered.answer) {
+            Ok((g, (reasoning, text))) => {
                 println!();
                 report(&g);
-                messages.push(ChatMessage {
-                    role: "assistant".into(),
-                    content: g.text,
-                });
+                next.push_reasoning(&reasoning);
+                next.push_text(Role::Assistant, &text);
+                convo = next;
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                messages.pop();
-            }
+            Err(e) => eprintln!("error: {e}"),
         }
     }
     Ok(())
@@ -405,7 +475,7 @@ mod tests {
             let cli = Cli::try_parse_from(args).unwrap();
             eval_tokens(
                 &cli,
-                CpuBackend::with_numerics(Numerics::Exact),
+                ds4_kernels::CpuBackend::with_numerics(Numerics::Exact),
                 &tokens_file,
                 &out,
             )

@@ -191,7 +191,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 (State::Own(seq), cached)
             }
         };
-        let decoding = Decoding::new(&self.lm.prompter.tokenizer, &job.req, job.opts);
+        let decoding = Decoding::new(&self.lm.chat.tokenizer, &job.req, job.opts);
         let timings = Timings {
             prompt_tokens: prompt.len(),
             cached_tokens: cached,

@@ -1,28 +1,111 @@
-//! Model families: one enum, one static table, one folder per family.
+//! Model families: one folder per family, registered in one table.
 //!
 //! A GGUF is accepted only when its `general.architecture` names a family
-//! in [`FAMILIES`] and the family's contract (required keys, tensor
-//! inventory and shapes) holds. Validation runs on the mapped header before
-//! any weight is bound. Adding a family means adding a variant, a table
-//! row, a folder and a match arm; the other families are not touched.
+//! registered in [`families!`] below and the family's contract (required
+//! keys, tensor inventory and shapes) holds. Validation runs on the mapped
+//! header before any weight is bound.
+//!
+//! Each family folder answers for itself through [`FamilyDef`] (its
+//! architecture string, required keys, binder and chat protocol) and the
+//! [`FamilyModel`] it binds (forward pass, KV shape, memory per token and
+//! scratch estimates); this module only delegates. Adding a family means a
+//! folder and one line in the `families!` table.
 
 mod contract;
 pub mod deepseek4;
 pub mod llama;
 pub mod qwen2;
 
+use std::any::Any;
+use std::sync::Arc;
+
 use ds4_kernels::{Backend, BackendError, DeviceBytes, HostBytes, KvPoolConfig, WeightSource};
 
-use crate::gguf::{GgufError, GgufFile, TensorInfo};
+use crate::chat::{ChatProtocol, PromptError};
+use crate::gguf::{GgufError, GgufFile, Metadata, TensorInfo};
 pub use contract::{check_inventory, ExpectedTensor};
 
-/// The model families ds4 serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Family {
-    Llama,
-    /// llama's layout with q/k/v biases and NeoX RoPE (run by the llama code).
-    Qwen2,
-    DeepSeek4,
+/// What a family folder registers: its architecture, the metadata keys it
+/// requires, how to bind a model of it, and its chat protocol.
+pub trait FamilyDef {
+    /// The `general.architecture` string.
+    const ARCHITECTURE: &'static str;
+    /// Metadata keys that must be present (`{arch}` stands for the architecture).
+    const REQUIRED_KEYS: &'static [&'static str];
+
+    /// Validate the file against the family's contract and bind its
+    /// weights (required keys are already checked).
+    fn load<B: Backend>(
+        src: &TensorSource<'_>,
+        backend: &B,
+    ) -> Result<Box<dyn FamilyModel<B>>, ModelError>;
+
+    /// The family's chat protocol for a model with this metadata.
+    fn chat(meta: &Metadata) -> Result<Arc<dyn ChatProtocol>, PromptError>;
+}
+
+/// The sizes of a bound model the serving layer needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_layer: usize,
+    pub n_embd: usize,
+}
+
+/// A bound model of one family, as the serving layer drives it.
+pub trait FamilyModel<B: Backend>: Send + Sync {
+    fn dims(&self) -> Dims;
+
+    /// The family's own model type, for family-specific settings.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+
+    /// The paged KV shape; `None` for families whose per-sequence state is
+    /// not a plain key/value row per token (they keep a [`PrivateState`]).
+    fn kv_layout(&self) -> Option<KvLayout>;
+
+    /// Bytes of per-sequence state per token (the memory ledger's unit;
+    /// an estimate for families with a private state).
+    fn state_bytes_per_token(&self) -> usize;
+
+    /// Activation scratch per token row of a forward pass, in bytes (an
+    /// upper estimate).
+    fn scratch_bytes_per_row(&self) -> usize;
+
+    /// One forward pass over several sequences of a paged pool.
+    fn forward_paged(
+        &self,
+        backend: &B,
+        pool: &mut B::KvPool,
+        batch: &[PagedInput<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError>;
+
+    /// A fresh private state, for families without a [`KvLayout`].
+    fn private_state(&self) -> Option<Box<dyn PrivateState>> {
+        None
+    }
+
+    /// Run `tokens` after the private state's tokens. On error the state
+    /// may be partially updated; the caller resets it.
+    fn forward_private(
+        &self,
+        _backend: &B,
+        _state: &mut dyn PrivateState,
+        _tokens: &[u32],
+        _want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        unreachable!("only a family with a private state is given one to run")
+    }
+}
+
+/// Per-sequence state of a family that does not keep it in the paged pool.
+pub trait PrivateState: Send {
+    /// Tokens whose state is held.
+    fn n_tokens(&self) -> usize;
+    /// Forget everything (back to an empty sequence).
+    fn reset(&mut self);
+    /// The family's own type, for its forward pass.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
 /// One row of the family table.
@@ -35,24 +118,50 @@ pub struct FamilyInfo {
     pub required_keys: &'static [&'static str],
 }
 
-/// Every family ds4 knows, by architecture string.
-pub static FAMILIES: &[FamilyInfo] = &[
-    FamilyInfo {
-        family: Family::Llama,
-        architecture: "llama",
-        required_keys: llama::REQUIRED_KEYS,
-    },
-    FamilyInfo {
-        family: Family::Qwen2,
-        architecture: "qwen2",
-        required_keys: qwen2::REQUIRED_KEYS,
-    },
-    FamilyInfo {
-        family: Family::DeepSeek4,
-        architecture: "deepseek4",
-        required_keys: deepseek4::REQUIRED_KEYS,
-    },
-];
+/// The family table: the [`Family`] enum, [`FAMILIES`], and the two
+/// dispatches to each family's [`FamilyDef`].
+macro_rules! families {
+    ($($(#[$doc:meta])* $variant:ident => $def:ty,)+) => {
+        /// The model families ds4 serves.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Family {
+            $($(#[$doc])* $variant,)+
+        }
+
+        /// Every family ds4 knows, by architecture string.
+        pub static FAMILIES: &[FamilyInfo] = &[$(FamilyInfo {
+            family: Family::$variant,
+            architecture: <$def as FamilyDef>::ARCHITECTURE,
+            required_keys: <$def as FamilyDef>::REQUIRED_KEYS,
+        },)+];
+
+        impl Family {
+            fn load<B: Backend>(
+                self,
+                src: &TensorSource<'_>,
+                backend: &B,
+            ) -> Result<Box<dyn FamilyModel<B>>, ModelError> {
+                match self {
+                    $(Family::$variant => <$def as FamilyDef>::load(src, backend),)+
+                }
+            }
+
+            /// The family's chat protocol for a model with this metadata.
+            pub fn chat_protocol(self, meta: &Metadata) -> Result<Arc<dyn ChatProtocol>, PromptError> {
+                match self {
+                    $(Family::$variant => <$def as FamilyDef>::chat(meta),)+
+                }
+            }
+        }
+    };
+}
+
+families! {
+    Llama => llama::Llama,
+    /// llama's layout with q/k/v biases and NeoX RoPE (run by the llama code).
+    Qwen2 => qwen2::Qwen2,
+    DeepSeek4 => deepseek4::DeepSeek4,
+}
 
 impl Family {
     pub fn info(self) -> &'static FamilyInfo {
@@ -101,7 +210,7 @@ pub enum ModelError {
     },
     #[error("backend: {0}")]
     Backend(#[from] BackendError),
-    #[error("token id {token} is outside the model's vocabulary of {n_vocab}")]
+    #[error("token id {token} is outside the vocabulary of {n_vocab} tokens")]
     BadToken { token: u32, n_vocab: usize },
     #[error("context full: {needed} tokens do not fit the sequence's {ctx}-token context")]
     ContextFull { needed: usize, ctx: usize },
@@ -254,24 +363,18 @@ pub struct ModelInfo {
     pub n_embd: usize,
 }
 
-enum FamilyModel<B: Backend> {
-    /// llama and the families with its layout ([`llama::Variant`]: qwen2).
-    Llama(llama::LlamaModel<B>),
-    DeepSeek4(Box<deepseek4::Ds4Model<B>>),
-}
-
-/// Family-specific per-sequence state.
-enum SequenceState<B: Backend> {
-    /// A private KV pool whose blocks, in order, are the sequence's.
-    Paged { pool: B::KvPool, blocks: Vec<u32> },
-    /// DeepSeek V4's window, compressed rows and compressor frontiers.
-    DeepSeek4(deepseek4::Ds4State),
-}
-
 /// A validated, bound model of any family.
 pub struct Model<B: Backend> {
     info: ModelInfo,
-    inner: FamilyModel<B>,
+    inner: Box<dyn FamilyModel<B>>,
+}
+
+/// Where a sequence's state lives.
+enum SequenceState<B: Backend> {
+    /// A private KV pool whose blocks, in order, are the sequence's.
+    Paged { pool: B::KvPool, blocks: Vec<u32> },
+    /// The family's own state (families without a [`KvLayout`]).
+    Private(Box<dyn PrivateState>),
 }
 
 /// The per-sequence state a model needs (KV cache and the tokens in it).
@@ -293,15 +396,15 @@ impl<B: Backend> Sequence<B> {
 
     /// Forget everything from position `len` on (keeps a shared prefix).
     ///
-    /// DeepSeek V4's compressor frontiers cannot be rewound: when `len` is
-    /// shorter than the held tokens, the state is dropped and the next
-    /// forward pass recomputes the kept prefix first.
+    /// A private state (DeepSeek V4's compressor frontiers) cannot be
+    /// rewound: when `len` is shorter than the held tokens, the state is
+    /// dropped and the next forward pass recomputes the kept prefix first.
     pub fn truncate(&mut self, len: usize) {
         match &mut self.state {
             // Positions past `len` are overwritten when they are next run.
             SequenceState::Paged { .. } => {}
-            SequenceState::DeepSeek4(st) => {
-                if len < st.n_tokens {
+            SequenceState::Private(st) => {
+                if len < st.n_tokens() {
                     st.reset();
                 }
             }
@@ -322,28 +425,13 @@ impl<B: Backend> Model<B> {
         let family = detect(file)?;
         check_required_keys(file, family)?;
         let name = file.metadata().get_str("general.name").map(str::to_string);
-        // (n_vocab, n_ctx_train, n_layer, n_embd) of the bound model.
-        let (inner, dims) = match family {
-            Family::Llama => {
-                let m = llama::LlamaModel::load(src, backend)?;
-                let h = m.hparams();
-                let dims = (h.n_vocab, h.n_ctx_train, h.n_layer, h.n_embd);
-                (FamilyModel::Llama(m), dims)
-            }
-            Family::Qwen2 => {
-                let m = qwen2::load(src, backend)?;
-                let h = m.hparams();
-                let dims = (h.n_vocab, h.n_ctx_train, h.n_layer, h.n_embd);
-                (FamilyModel::Llama(m), dims)
-            }
-            Family::DeepSeek4 => {
-                let m = deepseek4::Ds4Model::load(src, backend)?;
-                let h = m.hparams();
-                let dims = (h.n_vocab, h.n_ctx_train, h.n_layer, h.n_embd);
-                (FamilyModel::DeepSeek4(Box::new(m)), dims)
-            }
-        };
-        let (n_vocab, n_ctx_train, n_layer, n_embd) = dims;
+        let inner = family.load(src, backend)?;
+        let Dims {
+            n_vocab,
+            n_ctx_train,
+            n_layer,
+            n_embd,
+        } = inner.dims();
         let info = ModelInfo {
             family,
             name,
@@ -395,41 +483,22 @@ impl<B: Backend> Model<B> {
         &self.info
     }
 
-    /// The DeepSeek V4 model, for family-specific settings (activation
-    /// rounding); `None` for other families.
-    pub fn deepseek4_mut(&mut self) -> Option<&mut deepseek4::Ds4Model<B>> {
-        match &mut self.inner {
-            FamilyModel::DeepSeek4(m) => Some(m.as_mut()),
-            FamilyModel::Llama(_) => None,
-        }
+    /// The family's own model (e.g. `deepseek4::Ds4Model<B>`, for its
+    /// activation rounding); `None` when the model is of another family.
+    pub fn family_model_mut<T: 'static>(&mut self) -> Option<&mut T> {
+        self.inner.as_any_mut().downcast_mut::<T>()
     }
 
     /// The paged KV shape of this model; `None` for families whose state
     /// is not a plain per-token key/value row (DeepSeek V4's compressed
-    /// rows and compressor frontiers live in a per-sequence state).
+    /// rows and compressor frontiers live in a private state).
     pub fn kv_layout(&self) -> Option<KvLayout> {
-        match &self.inner {
-            FamilyModel::Llama(m) => Some(KvLayout {
-                n_layer: m.hparams().n_layer,
-                kv_dim: m.kv_dim(),
-            }),
-            FamilyModel::DeepSeek4(_) => None,
-        }
+        self.inner.kv_layout()
     }
 
-    /// Bytes of per-sequence state per token, for families whose state is
-    /// not paged (an estimate for the memory ledger: DeepSeek V4 keeps its
-    /// compressed rows as f32, one per ratio positions of each layer, plus
-    /// a bounded window).
+    /// Bytes of per-sequence state per token (the memory ledger's unit).
     pub fn state_bytes_per_token(&self) -> usize {
-        match &self.inner {
-            FamilyModel::Llama(m) => m.hparams().n_layer * 2 * m.kv_dim() * 2,
-            FamilyModel::DeepSeek4(m) => {
-                let h = m.hparams();
-                // Compressed rows (ratio 4 layers dominate) plus indexer rows.
-                h.n_layer * (h.head_dim + h.idx_dim) * 4 / 4 + 1
-            }
-        }
+        self.inner.state_bytes_per_token()
     }
 
     /// Activation scratch of one forward pass over `rows` tokens of up to
@@ -440,21 +509,7 @@ impl<B: Backend> Model<B> {
         let cache_copy = self
             .kv_layout()
             .map_or(0, |l| seqs * ctx * l.kv_dim * 2 * 4);
-        let per_row = match &self.inner {
-            FamilyModel::Llama(m) => {
-                let h = m.hparams();
-                let q = h.n_head * h.head_dim;
-                // x, norm, proj; q, att; k, v; gate, up, act; and the
-                // quantized copy of the widest input.
-                (3 * h.n_embd + 2 * q + 2 * m.kv_dim() + 3 * h.n_ff) * 4 + h.n_ff.max(h.n_embd)
-            }
-            FamilyModel::DeepSeek4(m) => {
-                let h = m.hparams();
-                // Four hyper-connection streams and the expert activations.
-                (16 * h.n_embd + 4 * h.n_ff + h.n_head * h.head_dim * 2) * 4
-            }
-        };
-        rows * per_row + seqs * self.info.n_vocab * 4 * 2 + cache_copy
+        rows * self.inner.scratch_bytes_per_row() + seqs * self.info.n_vocab * 4 * 2 + cache_copy
     }
 
     /// A KV pool of `n_blocks` blocks of `block_size` positions for this
@@ -476,6 +531,16 @@ impl<B: Backend> Model<B> {
         })?)
     }
 
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        match tokens.iter().find(|&&t| t as usize >= self.info.n_vocab) {
+            Some(&token) => Err(ModelError::BadToken {
+                token,
+                n_vocab: self.info.n_vocab,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// One forward pass over several sequences of a paged pool: every
     /// projection is one batched op over all their rows. Returns, per
     /// input, the logits it asked for (empty when none).
@@ -486,37 +551,27 @@ impl<B: Backend> Model<B> {
         batch: &[PagedInput<'_>],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         for input in batch {
-            if input
-                .tokens
-                .iter()
-                .any(|&t| t as usize >= self.info.n_vocab)
-            {
-                let token = *input.tokens.iter().max().expect("not empty");
-                return Err(ModelError::BadToken {
-                    token,
-                    n_vocab: self.info.n_vocab,
-                });
-            }
+            self.check_tokens(input.tokens)?;
         }
-        match &self.inner {
-            FamilyModel::Llama(m) => backend.run(|| m.forward(backend, pool, batch)),
-            FamilyModel::DeepSeek4(_) => Err(ModelError::NotPaged {
+        if self.kv_layout().is_none() {
+            return Err(ModelError::NotPaged {
                 family: self.info.family.name(),
-            }),
+            });
         }
+        backend.run(|| self.inner.forward_paged(backend, pool, batch))
     }
 
     /// A fresh sequence holding at most `ctx` tokens.
     pub fn new_sequence(&self, backend: &B, ctx: usize) -> Result<Sequence<B>, ModelError> {
-        let state = match &self.inner {
-            FamilyModel::Llama(_) => {
+        let state = match self.inner.private_state() {
+            Some(st) => SequenceState::Private(st),
+            None => {
                 let n_blocks = ctx.div_ceil(SEQUENCE_KV_BLOCK);
                 SequenceState::Paged {
                     pool: self.kv_pool(backend, SEQUENCE_KV_BLOCK, n_blocks)?,
                     blocks: (0..n_blocks as u32).collect(),
                 }
             }
-            FamilyModel::DeepSeek4(m) => SequenceState::DeepSeek4(m.new_state()),
         };
         Ok(Sequence {
             state,
@@ -542,39 +597,37 @@ impl<B: Backend> Model<B> {
                 ctx: seq.ctx,
             });
         }
+        self.check_tokens(tokens)?;
         let held = &seq.tokens;
-        let state = &mut seq.state;
-        let result = backend.run(|| match (&self.inner, state) {
-            (FamilyModel::Llama(m), SequenceState::Paged { pool, blocks }) => {
+        let inner = &self.inner;
+        let result = match &mut seq.state {
+            SequenceState::Paged { pool, blocks } => backend.run(|| {
                 let input = PagedInput {
                     tokens,
                     pos: start,
                     blocks,
                     logits: Some(want),
                 };
-                Ok(m.forward(backend, pool, &[input])?.swap_remove(0))
-            }
-            (FamilyModel::DeepSeek4(m), SequenceState::DeepSeek4(st)) => {
-                if st.n_tokens != held.len() {
-                    // After a truncation: recompute the kept prefix.
-                    st.reset();
-                    m.forward(backend, st, held, Logits::Last)?;
-                }
-                m.forward(backend, st, tokens, want)
-            }
-            _ => unreachable!("a sequence is created by the model it runs on"),
-        });
-        match result {
-            Ok(logits) => {
-                seq.tokens.extend_from_slice(tokens);
-                Ok(logits)
-            }
-            Err(e) => {
-                if let SequenceState::DeepSeek4(st) = &mut seq.state {
+                Ok(inner.forward_paged(backend, pool, &[input])?.swap_remove(0))
+            }),
+            SequenceState::Private(st) => {
+                let st = st.as_mut();
+                let r = backend.run(|| {
+                    if st.n_tokens() != held.len() {
+                        // After a truncation: recompute the kept prefix.
+                        st.reset();
+                        inner.forward_private(backend, st, held, Logits::Last)?;
+                    }
+                    inner.forward_private(backend, st, tokens, want)
+                });
+                if r.is_err() {
                     st.reset();
                 }
-                Err(e)
+                r
             }
-        }
+        };
+        let logits = result?;
+        seq.tokens.extend_from_slice(tokens);
+        Ok(logits)
     }
 }

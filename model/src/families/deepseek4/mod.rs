@@ -34,14 +34,43 @@ pub mod rope;
 pub mod state;
 mod weights;
 
+use std::sync::Arc;
+
 use ds4_kernels::{Backend, Numerics};
 
-use super::{Logits, ModelError, TensorSource};
+use super::{
+    Dims, FamilyDef, FamilyModel, KvLayout, Logits, ModelError, PagedInput, PrivateState,
+    TensorSource,
+};
+use crate::chat::deepseek4::Ds4Chat;
+use crate::chat::{ChatProtocol, PromptError};
+use crate::gguf::Metadata;
 pub use hparams::{Ds4HParams, REQUIRED_KEYS};
 pub use numerics::Ds4Numerics;
 use rope::Rope;
 pub use state::Ds4State;
 use weights::Ds4Weights;
+
+/// The deepseek4 family's registration.
+#[derive(Debug)]
+pub struct DeepSeek4;
+
+impl FamilyDef for DeepSeek4 {
+    const ARCHITECTURE: &'static str = "deepseek4";
+    const REQUIRED_KEYS: &'static [&'static str] = REQUIRED_KEYS;
+
+    fn load<B: Backend>(
+        src: &TensorSource<'_>,
+        backend: &B,
+    ) -> Result<Box<dyn FamilyModel<B>>, ModelError> {
+        Ok(Box::new(Ds4Model::load(src, backend)?))
+    }
+
+    /// DeepSeek V4 has no Jinja template: its own prompt, DSML tools.
+    fn chat(_meta: &Metadata) -> Result<Arc<dyn ChatProtocol>, PromptError> {
+        Ok(Arc::new(Ds4Chat))
+    }
+}
 
 /// A bound DeepSeek V4 model.
 pub struct Ds4Model<B: Backend> {
@@ -114,5 +143,70 @@ impl<B: Backend> Ds4Model<B> {
             num: self.numerics,
         }
         .forward(state, tokens, want)
+    }
+}
+
+impl<B: Backend> FamilyModel<B> for Ds4Model<B> {
+    fn dims(&self) -> Dims {
+        let h = &self.hparams;
+        Dims {
+            n_vocab: h.n_vocab,
+            n_ctx_train: h.n_ctx_train,
+            n_layer: h.n_layer,
+            n_embd: h.n_embd,
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    /// The window, compressed rows and compressor frontiers are a private
+    /// state, not plain key/value rows.
+    fn kv_layout(&self) -> Option<KvLayout> {
+        None
+    }
+
+    /// An estimate: compressed rows are f32, one per ratio positions of
+    /// each compressed layer (ratio 4 dominates), plus indexer rows; the
+    /// raw window is bounded.
+    fn state_bytes_per_token(&self) -> usize {
+        let h = &self.hparams;
+        h.n_layer * (h.head_dim + h.idx_dim) * 4 / 4 + 1
+    }
+
+    fn scratch_bytes_per_row(&self) -> usize {
+        let h = &self.hparams;
+        // Four hyper-connection streams and the expert activations.
+        (16 * h.n_embd + 4 * h.n_ff + h.n_head * h.head_dim * 2) * 4
+    }
+
+    fn forward_paged(
+        &self,
+        _backend: &B,
+        _pool: &mut B::KvPool,
+        _batch: &[PagedInput<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        Err(ModelError::NotPaged {
+            family: DeepSeek4::ARCHITECTURE,
+        })
+    }
+
+    fn private_state(&self) -> Option<Box<dyn PrivateState>> {
+        Some(Box::new(self.new_state()))
+    }
+
+    fn forward_private(
+        &self,
+        backend: &B,
+        state: &mut dyn PrivateState,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let state = state
+            .as_any_mut()
+            .downcast_mut::<Ds4State>()
+            .expect("a DeepSeek V4 sequence holds a DeepSeek V4 state");
+        self.forward(backend, state, tokens, want)
     }
 }

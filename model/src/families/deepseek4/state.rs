@@ -10,6 +10,7 @@
 
 use super::compressor::Compressor;
 use super::hparams::Ds4HParams;
+use crate::families::PrivateState;
 
 #[derive(Clone, Debug)]
 pub struct LayerState {
@@ -70,5 +71,19 @@ impl Ds4State {
     pub fn raw_row_mut(&mut self, l: usize, p: usize) -> &mut [f32] {
         let s = p % self.window;
         &mut self.layers[l].raw[s * self.head_dim..(s + 1) * self.head_dim]
+    }
+}
+
+impl PrivateState for Ds4State {
+    fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    fn reset(&mut self) {
+        Ds4State::reset(self)
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }

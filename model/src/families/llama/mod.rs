@@ -17,11 +17,37 @@ mod forward;
 pub mod hparams;
 mod weights;
 
+use std::sync::Arc;
+
 use ds4_kernels::Backend;
 
-use super::{ModelError, PagedInput, TensorSource};
+use super::{Dims, FamilyDef, FamilyModel, KvLayout, ModelError, PagedInput, TensorSource};
+use crate::chat::templated::TemplateChat;
+use crate::chat::{ChatProtocol, PromptError};
+use crate::gguf::Metadata;
 pub use hparams::{LlamaHParams, Variant, LLAMA, REQUIRED_KEYS};
 use weights::LlamaWeights;
+
+/// The llama family's registration.
+#[derive(Debug)]
+pub struct Llama;
+
+impl FamilyDef for Llama {
+    const ARCHITECTURE: &'static str = "llama";
+    const REQUIRED_KEYS: &'static [&'static str] = REQUIRED_KEYS;
+
+    fn load<B: Backend>(
+        src: &TensorSource<'_>,
+        backend: &B,
+    ) -> Result<Box<dyn FamilyModel<B>>, ModelError> {
+        Ok(Box::new(LlamaModel::load(src, backend)?))
+    }
+
+    /// The model's own Jinja template, tools through the generic envelope.
+    fn chat(meta: &Metadata) -> Result<Arc<dyn ChatProtocol>, PromptError> {
+        Ok(Arc::new(TemplateChat::from_gguf(meta)?))
+    }
+}
 
 /// A bound llama model.
 pub struct LlamaModel<B: Backend> {
@@ -62,5 +88,50 @@ impl<B: Backend> LlamaModel<B> {
         batch: &[PagedInput<'_>],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         forward::forward(&self.hparams, &self.weights, backend, pool, batch)
+    }
+}
+
+impl<B: Backend> FamilyModel<B> for LlamaModel<B> {
+    fn dims(&self) -> Dims {
+        let h = &self.hparams;
+        Dims {
+            n_vocab: h.n_vocab,
+            n_ctx_train: h.n_ctx_train,
+            n_layer: h.n_layer,
+            n_embd: h.n_embd,
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn kv_layout(&self) -> Option<KvLayout> {
+        Some(KvLayout {
+            n_layer: self.hparams.n_layer,
+            kv_dim: self.kv_dim(),
+        })
+    }
+
+    /// f16 keys and values of every layer.
+    fn state_bytes_per_token(&self) -> usize {
+        self.hparams.n_layer * 2 * self.kv_dim() * 2
+    }
+
+    fn scratch_bytes_per_row(&self) -> usize {
+        let h = &self.hparams;
+        let q = h.n_head * h.head_dim;
+        // x, norm, proj; q, att; k, v; gate, up, act; and the quantized
+        // copy of the widest input.
+        (3 * h.n_embd + 2 * q + 2 * self.kv_dim() + 3 * h.n_ff) * 4 + h.n_ff.max(h.n_embd)
+    }
+
+    fn forward_paged(
+        &self,
+        backend: &B,
+        pool: &mut B::KvPool,
+        batch: &[PagedInput<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.forward(backend, pool, batch)
     }
 }

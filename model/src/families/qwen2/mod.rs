@@ -15,10 +15,37 @@
 //! the biases when the variant has them. Its tokenizer's pre-tokenizer is
 //! `qwen2` (also named `deepseek-r1-qwen`), in [`crate::tokenizer`].
 
+use std::sync::Arc;
+
 use ds4_kernels::{Backend, RopeMode};
 
 use super::llama::{LlamaModel, Variant};
-use super::{Family, ModelError, TensorSource};
+use super::{Family, FamilyDef, FamilyModel, ModelError, TensorSource};
+use crate::chat::templated::TemplateChat;
+use crate::chat::{ChatProtocol, PromptError};
+use crate::gguf::Metadata;
+
+/// The qwen2 family's registration.
+#[derive(Debug)]
+pub struct Qwen2;
+
+impl FamilyDef for Qwen2 {
+    const ARCHITECTURE: &'static str = "qwen2";
+    const REQUIRED_KEYS: &'static [&'static str] = REQUIRED_KEYS;
+
+    fn load<B: Backend>(
+        src: &TensorSource<'_>,
+        backend: &B,
+    ) -> Result<Box<dyn FamilyModel<B>>, ModelError> {
+        Ok(Box::new(load(src, backend)?))
+    }
+
+    /// The model's own Jinja template (Qwen2's ChatML), tools through the
+    /// generic envelope.
+    fn chat(meta: &Metadata) -> Result<Arc<dyn ChatProtocol>, PromptError> {
+        Ok(Arc::new(TemplateChat::from_gguf(meta)?))
+    }
+}
 
 /// Metadata keys a qwen2 GGUF must carry. Unlike llama, the KV head count
 /// and the RoPE base are required: Qwen2 models use several bases (10^4,

@@ -42,14 +42,7 @@ pub enum DsmlError {
     Incomplete(&'static str),
 }
 
-/// A tool call as the API sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ToolCall {
-    pub id: String,
-    pub name: String,
-    /// The arguments: a JSON object, as text (key order is kept).
-    pub arguments: String,
-}
+pub use super::conversation::ToolCall;
 
 // ---------------------------------------------------------------- rendering
 

@@ -6,7 +6,7 @@
 //!   and its arguments stream as the model writes them; other shapes are
 //!   recognised when the envelope closes and arrive in one piece.
 //! - [`ToolProtocol::Dsml`]: DeepSeek V4's DSML block
-//!   ([`ds4_model::prompt::dsml`]). A call's name is known as soon as its
+//!   ([`super::dsml`]). A call's name is known as soon as its
 //!   `invoke` header is complete and its arguments stream as JSON text.
 //!   The block's exact bytes are kept for replay ([`super::ReplayStore`]);
 //!   text after the block is not part of the answer. (The model ends its
@@ -14,27 +14,16 @@
 //!   with a stop string: the model may draft DSML inside its reasoning,
 //!   and a stop there would end the answer before it began.)
 //!
-//! Both produce the same [`ToolEvent`]s, so the HTTP layer does not know
-//! which family it serves.
+//! Both produce the same [`ToolEvent`]s, so nothing above the chat layer
+//! knows which family it serves.
 
-use ds4_model::families::Family;
-use ds4_model::prompt::dsml::{DsmlEvent, DsmlStreamParser};
-
-use super::{CallParser, Parsed};
+use super::dsml::{DsmlError, DsmlEvent, DsmlStreamParser};
+use super::envelope_parser::{CallParser, Parsed};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolProtocol {
     Envelope,
     Dsml,
-}
-
-impl ToolProtocol {
-    pub fn for_family(family: Family) -> ToolProtocol {
-        match family {
-            Family::Llama | Family::Qwen2 => ToolProtocol::Envelope,
-            Family::DeepSeek4 => ToolProtocol::Dsml,
-        }
-    }
 }
 
 /// What a [`ToolStream`] finds in the answer text, in order.
@@ -162,7 +151,7 @@ fn envelope(parsed: Vec<Parsed>) -> Vec<ToolEvent> {
 }
 
 fn dsml(
-    r: Result<Vec<DsmlEvent>, ds4_model::prompt::dsml::DsmlError>,
+    r: Result<Vec<DsmlEvent>, DsmlError>,
     open: &mut bool,
     failed: &mut bool,
     text: &str,
@@ -253,10 +242,6 @@ mod tests {
         }
         assert!(
             matches!(dsml.last(), Some(ToolEvent::Block { raw }) if raw.starts_with("\n\n<｜DSML｜tool_calls>"))
-        );
-        assert_eq!(
-            ToolProtocol::for_family(Family::Llama),
-            ToolProtocol::Envelope
         );
     }
 

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::{CALL_CLOSE, CALL_OPEN};
+use super::envelope::{CALL_CLOSE, CALL_OPEN};
 
 /// What the parser releases.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +68,7 @@ impl CallParser {
     }
 
     /// A parser for calls to `names`; `forced` is the text the prompt
-    /// already opened a call with (see [`super::forced_prefix`]).
+    /// already opened a call with (see [`super::envelope::forced_prefix`]).
     pub fn for_tools(names: Vec<String>, forced: &str) -> CallParser {
         let mut p = CallParser {
             names,

@@ -1,9 +1,6 @@
-//! Tool calling, independent of any HTTP API.
-//!
-//! Families whose chat template has no tool syntax (the llama family today)
-//! use the generic protocol below: the tool schemas are described in a
-//! system message, and the model calls a tool by writing one envelope per
-//! call,
+//! The generic tool protocol, for families whose chat template has no
+//! tool syntax (llama, qwen2): the tool schemas are described in a system
+//! message, and the model calls a tool by writing one envelope per call,
 //!
 //! ```text
 //! <tool_call>
@@ -12,74 +9,18 @@
 //! ```
 //!
 //! Earlier calls are rendered back in the same envelope, and tool results
-//! as user turns wrapped in `<tool_response>` tags. [`CallParser`] finds
-//! envelopes in streamed text and turns them into [`ToolCall`]s; text that
-//! is not an envelope passes through unchanged.
-//!
-//! DeepSeek V4 has its own tool syntax (DSML); [`ToolProtocol`] picks the
-//! protocol from the loaded family and [`ToolStream`] parses either one
-//! into the same events. [`ReplayStore`] keeps DSML's sampled bytes.
+//! as user turns wrapped in `<tool_response>` tags.
+//! [`super::envelope_parser::CallParser`] finds envelopes in streamed text;
+//! text that is not an envelope passes through unchanged.
 
-mod parser;
-mod protocol;
-mod replay;
-
-pub(crate) use parser::held_prefix_len;
-pub use parser::{CallParser, Parsed};
-pub use protocol::{ToolEvent, ToolProtocol, ToolStream};
-pub use replay::ReplayStore;
-
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use super::conversation::{ToolChoice, ToolSpec};
 
 pub const CALL_OPEN: &str = "<tool_call>";
 pub const CALL_CLOSE: &str = "</tool_call>";
 pub const RESPONSE_OPEN: &str = "<tool_response>";
 pub const RESPONSE_CLOSE: &str = "</tool_response>";
-
-/// A function tool a client offers.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ToolSpec {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// JSON Schema of the arguments.
-    #[serde(default)]
-    pub parameters: Value,
-    /// The tool as a JSON `function` object (`name`, `description`,
-    /// `parameters`) in the client's own bytes where it sent one, for
-    /// protocols that show the model the schema unchanged (DSML).
-    #[serde(skip)]
-    pub raw: Option<String>,
-}
-
-/// Which tools the model may or must call.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum ToolChoice {
-    #[default]
-    Auto,
-    None,
-    /// Some tool must be called.
-    Required,
-    /// This tool must be called.
-    Named(String),
-}
-
-/// A tool call, generated or sent back by a client.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ToolCall {
-    pub id: String,
-    pub name: String,
-    /// The arguments as JSON text (an object).
-    pub arguments: String,
-}
-
-/// A fresh, unguessable call id: `prefix` and 24 random hex digits.
-pub fn new_call_id(prefix: &str) -> String {
-    use rand::Rng;
-    let v: u128 = rand::rng().random();
-    format!("{prefix}{:024x}", v >> 32)
-}
 
 /// The system text that describes `tools` and the call envelope.
 pub fn system_prompt(tools: &[ToolSpec], choice: &ToolChoice) -> String {
@@ -135,15 +76,8 @@ pub fn render_result(content: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::envelope_parser::{CallParser, Parsed};
     use super::*;
-
-    #[test]
-    fn call_ids_are_random_and_prefixed() {
-        let a = new_call_id("call_");
-        let b = new_call_id("call_");
-        assert!(a.starts_with("call_") && a.len() == 29);
-        assert_ne!(a, b);
-    }
 
     #[test]
     fn system_prompt_lists_tools_and_forces_named_calls() {

@@ -6,9 +6,7 @@
 //! in its own shape and never mixed into the answer. DeepSeek V4 thinks
 //! between `<think>` and `</think>`; llama does not think.
 
-use ds4_model::families::Family;
-
-use crate::tools::held_prefix_len;
+use super::envelope_parser::held_prefix_len;
 
 /// How a family marks its reasoning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,23 +17,6 @@ pub struct Delimiters {
     /// so generated text starts inside it.
     pub starts_inside: bool,
 }
-
-/// The reasoning delimiters of `family`, if it has any.
-pub fn delimiters_for(family: Family) -> Option<Delimiters> {
-    match family {
-        Family::Llama | Family::Qwen2 => None,
-        Family::DeepSeek4 => Some(DEEPSEEK4),
-    }
-}
-
-/// DeepSeek V4's reasoning delimiters, for prompts that do not open the
-/// reasoning themselves (a thinking-mode chat prompt ends with `<think>`:
-/// see [`Delimiters::inside`]).
-pub const DEEPSEEK4: Delimiters = Delimiters {
-    open: "<think>",
-    close: "</think>",
-    starts_inside: false,
-};
 
 impl Delimiters {
     /// The same delimiters for a prompt that already opened the reasoning.
@@ -172,13 +153,8 @@ mod tests {
             run(None, "<think>x</think>y", 2),
             (String::new(), "<think>x</think>y".into())
         );
-        assert_eq!(delimiters_for(Family::Llama), None);
         assert_eq!(
-            run(
-                delimiters_for(Family::DeepSeek4).map(Delimiters::inside),
-                "r</think>a",
-                1
-            ),
+            run(Some(THINK.inside()), "r</think>a", 1),
             ("r".into(), "a".into())
         );
     }

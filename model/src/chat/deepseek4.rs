@@ -8,7 +8,13 @@
 //! system area, the client's raw schema bytes, results concatenated),
 //! which keeps history byte-identical with what the model sampled.
 
+use super::conversation::{Conversation, Role, Thinking};
 use super::dsml::{DsmlError, ReplayMap, ToolCall};
+use super::protocol::{
+    AnswerFormat, ChatError, ChatProtocol, PromptText, RenderOptions, ToolParsing,
+};
+use super::reasoning::Delimiters;
+use super::tool_stream::ToolProtocol;
 
 pub const BOS: &str = "<｜begin▁of▁sentence｜>";
 pub const EOS: &str = "<｜end▁of▁sentence｜>";
@@ -26,42 +32,20 @@ pub const MAX_EFFORT_PREAMBLE: &str = "Reasoning Effort: Absolute maximum with n
 const TOOLS_HEAD: &str = "## Tools\n\nYou have access to a set of tools to help answer the user question. You can invoke tools by writing a \"<｜DSML｜tool_calls>\" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"$TOOL_NAME\">\n<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\nString parameters should be specified as raw text and set `string=\"true\"`. Preserve characters such as `>`, `&`, and `&&` exactly; never replace normal string characters with XML or HTML entity escapes. Only if a string value itself contains the exact closing parameter tag `</｜DSML｜parameter>`, write that tag as `&lt;/｜DSML｜parameter>` inside the value. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool Schemas\n\n";
 const TOOLS_TAIL: &str = "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls. Use the exact parameter names from the schemas.";
 
-/// Reasoning effort tiers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Thinking {
-    /// Non-thinking: the opener closes the reasoning at once.
-    Off,
-    /// Thinking (API efforts minimal … xhigh).
-    High,
-    /// Think Max: thinking plus the max-effort preamble.
-    Max,
+/// Think Max only where the context is large enough for it.
+pub fn thinking_for_context(thinking: Thinking, ctx: usize) -> Thinking {
+    if thinking == Thinking::Max && ctx < THINK_MAX_MIN_CTX {
+        Thinking::High
+    } else {
+        thinking
+    }
 }
 
-impl Thinking {
-    /// The API's `reasoning_effort` names (`none`, `minimal` … `xhigh`, `max`).
-    pub fn from_effort(effort: &str) -> Option<Thinking> {
-        match effort {
-            "none" => Some(Thinking::Off),
-            "minimal" | "low" | "medium" | "high" | "xhigh" => Some(Thinking::High),
-            "max" => Some(Thinking::Max),
-            _ => None,
-        }
-    }
-
-    /// Think Max only where the context is large enough for it.
-    pub fn for_context(self, ctx: usize) -> Thinking {
-        if self == Thinking::Max && ctx < THINK_MAX_MIN_CTX {
-            Thinking::High
-        } else {
-            self
-        }
-    }
-
-    fn opener(self) -> &'static str {
-        match self {
-            Thinking::Off => THINK_CLOSE,
-            Thinking::High | Thinking::Max => THINK_OPEN,
-        }
+/// What the generation prompt opens the assistant turn with.
+fn opener(thinking: Thinking) -> &'static str {
+    match thinking {
+        Thinking::Off => THINK_CLOSE,
+        Thinking::High | Thinking::Max => THINK_OPEN,
     }
 }
 
@@ -83,9 +67,9 @@ pub enum Message {
     },
 }
 
-/// A conversation to render.
+/// A conversation in DeepSeek V4's terms, to render.
 #[derive(Clone, Debug)]
-pub struct Conversation<'a> {
+pub struct Transcript<'a> {
     /// Tool schemas: each the JSON of a `function` object, as the client's
     /// bytes (written unchanged, one per line).
     pub tools: &'a [String],
@@ -103,7 +87,7 @@ fn escape_result(s: &str) -> String {
 /// Render `conv` to prompt text (to be tokenized with special tokens
 /// recognised). Tool calls whose ids `replay` knows are written with the
 /// bytes the model sampled; the others canonically.
-pub fn render(conv: &Conversation<'_>, replay: &ReplayMap) -> Result<String, DsmlError> {
+pub fn render(conv: &Transcript<'_>, replay: &ReplayMap) -> Result<String, DsmlError> {
     let mut s = String::from(BOS);
     if conv.thinking == Thinking::Max {
         s.push_str(MAX_EFFORT_PREAMBLE);
@@ -175,13 +159,107 @@ pub fn render(conv: &Conversation<'_>, replay: &ReplayMap) -> Result<String, Dsm
     }
     if conv.add_generation_prompt {
         s.push_str(ASSISTANT);
-        s.push_str(conv.thinking.opener());
+        s.push_str(opener(conv.thinking));
     }
     Ok(s)
 }
 
 /// The token text that ends the model's turn.
 pub const STOP_TEXT: &str = EOS;
+
+/// DeepSeek V4's reasoning delimiters. A thinking-mode prompt ends with
+/// `<think>`, so its answer starts inside them ([`Delimiters::inside`]).
+pub const THINK_DELIMITERS: Delimiters = Delimiters {
+    open: THINK_OPEN,
+    close: THINK_CLOSE,
+    starts_inside: false,
+};
+
+/// DeepSeek V4's chat protocol: the prompt above, tools in DSML with exact
+/// replay of sampled calls, reasoning between `<think>` and `</think>`,
+/// thinking by default.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ds4Chat;
+
+impl Ds4Chat {
+    /// The prompt text for `c` at `thinking`; calls whose ids `replay`
+    /// knows are written with their sampled bytes.
+    pub fn prompt(
+        c: &Conversation,
+        thinking: Thinking,
+        replay: &super::ReplayStore,
+    ) -> Result<String, DsmlError> {
+        let schemas: Vec<String> = c.offered().map(|t| t.function_json()).collect();
+        let messages: Vec<Message> = c
+            .turns
+            .iter()
+            .map(|t| match t.role {
+                Role::System => Message::System(t.text.clone()),
+                Role::User => Message::User(t.text.clone()),
+                Role::Tool => Message::Tool {
+                    call_id: String::new(),
+                    content: t.text.clone(),
+                },
+                Role::Assistant => Message::Assistant {
+                    reasoning: t.reasoning.clone(),
+                    content: t.text.clone(),
+                    tool_calls: t
+                        .calls
+                        .iter()
+                        .map(|c| ToolCall {
+                            arguments: if c.arguments.trim().is_empty() {
+                                "{}".into()
+                            } else {
+                                c.arguments.clone()
+                            },
+                            ..c.clone()
+                        })
+                        .collect(),
+                },
+            })
+            .collect();
+        let map = replay.map_for(
+            c.turns
+                .iter()
+                .flat_map(|t| t.calls.iter().map(|c| c.id.as_str())),
+        );
+        render(
+            &Transcript {
+                tools: &schemas,
+                messages: &messages,
+                thinking,
+                add_generation_prompt: true,
+            },
+            &map,
+        )
+    }
+}
+
+impl ChatProtocol for Ds4Chat {
+    fn render(&self, c: &Conversation, opts: &RenderOptions) -> Result<PromptText, ChatError> {
+        let thinking = thinking_for_context(c.thinking.unwrap_or(Thinking::High), opts.ctx);
+        let text = Ds4Chat::prompt(c, thinking, &opts.replay)?;
+        let tools = c.tools_active().then(|| ToolParsing {
+            names: c.offered().map(|t| t.name.clone()).collect(),
+            forced: String::new(),
+            protocol: ToolProtocol::Dsml,
+            replay: Some(opts.replay.clone()),
+        });
+        let reasoning = match thinking {
+            Thinking::Off => THINK_DELIMITERS,
+            Thinking::High | Thinking::Max => THINK_DELIMITERS.inside(),
+        };
+        Ok(PromptText {
+            text,
+            // The text starts with BOS.
+            add_bos: false,
+            answer: AnswerFormat {
+                reasoning: Some(reasoning),
+                tools,
+            },
+        })
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -190,7 +268,7 @@ mod tests {
     #[test]
     fn single_turn_openers() {
         let msgs = [Message::User("Hi".into())];
-        let conv = |thinking| Conversation {
+        let conv = |thinking| Transcript {
             tools: &[],
             messages: &msgs,
             thinking,
@@ -209,7 +287,7 @@ mod tests {
             render(&conv(Thinking::Max), &r).unwrap(),
             format!("{BOS}{MAX_EFFORT_PREAMBLE}{USER}Hi{ASSISTANT}<think>")
         );
-        assert_eq!(Thinking::Max.for_context(100_000), Thinking::High);
+        assert_eq!(thinking_for_context(Thinking::Max, 100_000), Thinking::High);
         assert_eq!(Thinking::from_effort("none"), Some(Thinking::Off));
     }
 
@@ -224,7 +302,7 @@ mod tests {
             },
             Message::User("c".into()),
         ];
-        let conv = Conversation {
+        let conv = Transcript {
             tools: &[],
             messages: &msgs,
             thinking: Thinking::High,
@@ -248,7 +326,7 @@ mod tests {
                 content: "y".into(),
             },
         ];
-        let conv = Conversation {
+        let conv = Transcript {
             tools: &[],
             messages: &msgs,
             thinking: Thinking::Off,

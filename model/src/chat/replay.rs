@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use ds4_model::prompt::dsml::ReplayMap;
+use super::dsml::ReplayMap;
 
 #[derive(Debug, Default)]
 struct Inner {
