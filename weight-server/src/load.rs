@@ -3,13 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+use ds4_kernels::vmm;
 use ds4_kernels::CpuBackend;
 use ds4_model::gguf::GgufFile;
 use ds4_model::{Family, Model, ModelError};
 use ds4_proto::layout::{ContentHasher, Plan, MAX_REGION_BYTES};
 use ds4_proto::manifest::{ModelEntry, RegionEntry, Scope};
 
-use crate::backend::{self, vmm, BackendError, Store, HOST_GRANULARITY};
+use crate::backend::{self, BackendError, Store, HOST_GRANULARITY};
 use crate::plan;
 use crate::progress::Progress;
 

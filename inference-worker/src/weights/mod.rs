@@ -14,15 +14,16 @@
 
 mod session;
 mod sys;
-pub mod vmm;
 
 pub use session::{explicit_model, WeightsArgs, WeightsSession};
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ds4_kernels::vmm;
 use ds4_kernels::{DeviceBytes, HostBytes};
 use ds4_model::gguf::{GgufFile, TensorInfo};
 use ds4_proto::broker::{FdReply, FdRequest};
@@ -106,8 +107,8 @@ pub enum Imported {
 /// Imported device regions. Fields drop in order: the regions are
 /// unmapped before the device releases its context.
 pub struct VmmImport {
-    pub regions: Vec<vmm::ImportedRegion>,
-    pub device: vmm::VmmDevice,
+    pub regions: Vec<vmm::Region>,
+    pub device: vmm::Device,
 }
 
 /// A live lease with its imported regions.
@@ -216,7 +217,7 @@ pub fn attach(
                 .as_ref()
                 .map(|d| d.uuid.clone())
                 .unwrap_or_default();
-            Some(vmm::VmmDevice::open(&uuid).map_err(|e| WeightsError::CannotImport {
+            Some(vmm::Device::open_uuid(&uuid).map_err(|e| WeightsError::CannotImport {
                 manifest: mpath.clone(),
                 backend: BackendKind::Vmm,
                 reason: e.to_string(),
@@ -337,7 +338,7 @@ fn fetch_fds(
 fn import(
     scope: &Scope,
     fds: Vec<(u32, std::os::fd::OwnedFd)>,
-    device: Option<vmm::VmmDevice>,
+    device: Option<vmm::Device>,
     broker: &Path,
 ) -> Result<Imported, WeightsError> {
     let mut by_id: std::collections::HashMap<u32, std::os::fd::OwnedFd> = fds.into_iter().collect();
@@ -364,12 +365,13 @@ fn import(
             let mut regions = Vec::with_capacity(scope.regions.len());
             for r in &scope.regions {
                 let fd = take(r.id)?;
-                let imported = device
-                    .import(&fd, r.bytes)
-                    .map_err(|e| WeightsError::Import {
-                        region: r.id,
-                        message: e.to_string(),
-                    })?;
+                let imported =
+                    device
+                        .import(fd.as_fd(), r.bytes)
+                        .map_err(|e| WeightsError::Import {
+                            region: r.id,
+                            message: e.to_string(),
+                        })?;
                 regions.push(imported);
             }
             Ok(Imported::Vmm(Arc::new(VmmImport { regions, device })))
