@@ -30,12 +30,9 @@ use ds4_proto::broker::{FdReply, FdRequest};
 use ds4_proto::client::{connect, ControlAddr};
 use ds4_proto::control as pb;
 use ds4_proto::control::weight_owner_client::WeightOwnerClient;
-use ds4_proto::layout::{self, Item, TensorDesc, MAX_REGION_BYTES};
-use ds4_proto::manifest::{BackendKind, Manifest, ManifestError, Scope, TensorEntry};
+use ds4_proto::layout::{self, HOST_GRANULARITY, MAX_REGION_BYTES};
+use ds4_proto::manifest::{pid_alive, BackendKind, Manifest, ManifestError, Scope, TensorEntry};
 use tonic::transport::Channel;
-
-/// Page granularity of host regions, as the owner uses.
-pub const HOST_GRANULARITY: u64 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -128,30 +125,6 @@ pub struct Attachment {
     owner_alive: Arc<AtomicBool>,
 }
 
-fn pid_alive(pid: u32) -> bool {
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
-        Ok(()) => true,
-        Err(nix::errno::Errno::EPERM) => true,
-        Err(_) => false,
-    }
-}
-
-/// The layout identity of a model file (headers and sizes only), computed
-/// exactly as the owner does.
-pub fn layout_identity(file: &GgufFile) -> String {
-    layout::layout_identity(
-        file.shards()
-            .iter()
-            .map(|s| (s.header_bytes(), s.bytes().len() as u64)),
-        file.tensors().iter().map(|t| TensorDesc {
-            name: &t.name,
-            ggml_type: t.ggml_type.id(),
-            shape: &t.shape,
-            bytes: t.n_bytes,
-        }),
-    )
-}
-
 /// Read, check, attach and import. Control-plane calls run on `rt`; the
 /// import runs on the calling thread (a CUDA context is per thread).
 pub fn attach(
@@ -195,7 +168,7 @@ pub fn attach(
             path: model_path.clone(),
             error,
         })?;
-        let identity = layout_identity(&file);
+        let identity = layout::gguf::layout_identity(&file);
         if identity != manifest.model.layout_identity {
             return Err(WeightsError::Identity {
                 model: model_path,
@@ -649,15 +622,7 @@ impl Attachment {
 /// Owned copies of the regions, planned exactly as the owner plans host
 /// regions: the standalone path. Returns every tensor's bytes.
 pub fn standalone(file: &GgufFile) -> std::collections::HashMap<String, HostBytes> {
-    let items: Vec<Item<'_>> = file
-        .tensors()
-        .iter()
-        .map(|t| Item {
-            name: &t.name,
-            bytes: t.n_bytes,
-        })
-        .collect();
-    let plan = layout::plan(&items, HOST_GRANULARITY, MAX_REGION_BYTES);
+    let plan = layout::gguf::plan(file, HOST_GRANULARITY, MAX_REGION_BYTES);
     let mut regions: Vec<Vec<u8>> = plan
         .region_bytes
         .iter()

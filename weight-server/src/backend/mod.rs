@@ -71,8 +71,6 @@ pub enum Store {
     },
 }
 
-/// Page size of host regions.
-pub const HOST_GRANULARITY: u64 = 4096;
 /// Pinned staging buffer size of each of the two vmm buffers.
 pub const STAGING_BYTES: usize = 64 << 20;
 

@@ -8,7 +8,9 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use ds4_proto::client::{connect, ControlAddr};
 use ds4_proto::control as pb;
-use ds4_proto::manifest::{self, BackendEntry, Control, Manifest, Owner as OwnerEntry, SCOPE_BASE};
+use ds4_proto::manifest::{
+    self, pid_alive, BackendEntry, Control, Manifest, Owner as OwnerEntry, SCOPE_BASE,
+};
 use ds4_weight_server::broker;
 use ds4_weight_server::dryrun;
 use ds4_weight_server::grpc;
@@ -495,12 +497,4 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     result?;
     tracing::info!("stopped");
     Ok(0)
-}
-
-fn pid_alive(pid: u32) -> bool {
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
-        Ok(()) => true,
-        Err(nix::errno::Errno::EPERM) => true,
-        Err(_) => false,
-    }
 }
