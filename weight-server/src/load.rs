@@ -125,15 +125,7 @@ pub fn upload(
     let mut model = model_entry(file, family);
     model.content_identity = content_identity;
     let scope = Scope {
-        regions: plan
-            .region_bytes
-            .iter()
-            .enumerate()
-            .map(|(i, &bytes)| RegionEntry {
-                id: i as u32,
-                bytes,
-            })
-            .collect(),
+        regions: region_entries(plan),
         tensors: plan::tensor_entries(file, plan),
     };
     Ok(Loaded {
@@ -176,19 +168,23 @@ pub fn upload_synthetic(
             content_identity: identity,
         },
         scope: Scope {
-            regions: plan
-                .region_bytes
-                .iter()
-                .enumerate()
-                .map(|(i, &bytes)| RegionEntry {
-                    id: i as u32,
-                    bytes,
-                })
-                .collect(),
+            regions: region_entries(plan),
             tensors: vec![],
         },
         store,
     })
+}
+
+/// The manifest's region list of a plan.
+fn region_entries(plan: &Plan) -> Vec<RegionEntry> {
+    plan.region_bytes
+        .iter()
+        .enumerate()
+        .map(|(i, &bytes)| RegionEntry {
+            id: i as u32,
+            bytes,
+        })
+        .collect()
 }
 
 /// A plan of `total` bytes in regions of at most [`MAX_REGION_BYTES`].
