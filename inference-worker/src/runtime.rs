@@ -207,7 +207,10 @@ fn kv_identity(
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    format!("{}+{sampled}", crate::weights::layout_identity(file))
+    format!(
+        "{}+{sampled}",
+        ds4_proto::layout::gguf::layout_identity(file)
+    )
 }
 
 /// The model id derived from a file name: the resolved file's stem

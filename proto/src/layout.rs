@@ -2,7 +2,10 @@
 //!
 //! The owner and a standalone worker both call [`plan`], so a tensor lands
 //! at the same region and offset whichever process placed it; with the
-//! same source bytes the regions are byte-identical.
+//! same source bytes the regions are byte-identical. [`gguf`] applies the
+//! plan and the layout identity to a GGUF file.
+
+pub mod gguf;
 
 use sha2::{Digest, Sha256};
 
@@ -11,6 +14,9 @@ use sha2::{Digest, Sha256};
 pub const TENSOR_ALIGN: u64 = 256;
 /// The largest region the owner creates (one CUDA VMM allocation or memfd).
 pub const MAX_REGION_BYTES: u64 = 2 << 30;
+/// The granularity of host regions (the page size): the owner's sealed
+/// memfds and a standalone worker's own copies are planned with it.
+pub const HOST_GRANULARITY: u64 = 4096;
 
 /// One tensor to place: its name and size in bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 //!   publishes and workers read.
 //! - [`layout`]: the region plan and the identities, computed the same way
 //!   by the owner and by a standalone worker, so both place every tensor at
-//!   the same region and offset.
+//!   the same region and offset ([`layout::gguf`]: of a GGUF file).
 //! - [`broker`]: the fd broker wire messages.
 //! - [`client`]: connecting to the control plane (`unix:PATH` or `host:port`).
 //!

@@ -39,6 +39,16 @@ pub struct Owner {
     pub program_version: String,
 }
 
+/// Whether process `pid` exists (it may belong to another user): a
+/// manifest whose owner pid is gone is stale.
+pub fn pid_alive(pid: u32) -> bool {
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
+        Ok(()) => true,
+        Err(nix::errno::Errno::EPERM) => true,
+        Err(_) => false,
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ModelEntry {
     pub family: String,
@@ -229,6 +239,15 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pid_alive_sees_this_process_and_not_a_reaped_one() {
+        assert!(pid_alive(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!pid_alive(pid));
+    }
 
     pub(crate) fn sample() -> Manifest {
         let mut scopes = BTreeMap::new();

@@ -1,10 +1,12 @@
 //! The weight owner (`ds4-weight-server`).
 //!
-//! It opens a GGUF, validates its family, plans regions ([`plan`]), places
-//! the weights in CUDA VMM or sealed host memfds ([`backend`]) while
-//! computing the content identity ([`load`]), starts the fd broker
-//! ([`broker`]) and the gRPC control plane ([`grpc`]) over the lease book
-//! ([`owner`]), then publishes the manifest. [`dryrun`] is the preflight,
+//! [`owner::Owner::start`] ([`start`]) runs an owner from its settings to
+//! its exit: it opens a GGUF, validates its family, plans regions
+//! ([`plan`]), places the weights in CUDA VMM or sealed host memfds
+//! ([`backend`]) while computing the content identity ([`load`]), then
+//! (`serve`) starts the fd broker ([`broker`]) and the gRPC control
+//! plane ([`grpc`]) over the lease book ([`owner`]), publishes the manifest
+//! and serves until a signal or a drain. [`dryrun`] is the preflight,
 //! [`notify`] the systemd protocol, [`progress`] the load display.
 
 pub mod backend;
@@ -17,3 +19,5 @@ pub mod owner;
 pub mod peer;
 pub mod plan;
 pub mod progress;
+mod serve;
+pub mod start;

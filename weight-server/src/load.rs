@@ -3,13 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+use ds4_kernels::vmm;
 use ds4_kernels::CpuBackend;
 use ds4_model::gguf::GgufFile;
 use ds4_model::{Family, Model, ModelError};
-use ds4_proto::layout::{ContentHasher, Plan, MAX_REGION_BYTES};
+use ds4_proto::layout::{self, ContentHasher, Plan, HOST_GRANULARITY, MAX_REGION_BYTES};
 use ds4_proto::manifest::{ModelEntry, RegionEntry, Scope};
 
-use crate::backend::{self, vmm, BackendError, Store, HOST_GRANULARITY};
+use crate::backend::{self, BackendError, Store};
 use crate::plan;
 use crate::progress::Progress;
 
@@ -67,14 +68,14 @@ pub fn model_entry(file: &GgufFile, family: Family) -> ModelEntry {
         family: family.name().to_string(),
         architecture: file.architecture().unwrap_or_default().to_string(),
         shards: plan::shard_entries(file),
-        layout_identity: plan::layout_identity(file),
+        layout_identity: layout::gguf::layout_identity(file),
         content_identity: String::new(),
     }
 }
 
 /// Granularity and plan for a backend.
 pub fn plan_for(file: &GgufFile, granularity: u64) -> Plan {
-    plan::plan_file(file, granularity, MAX_REGION_BYTES)
+    layout::gguf::plan(file, granularity, MAX_REGION_BYTES)
 }
 
 /// The result of a load.
@@ -124,15 +125,7 @@ pub fn upload(
     let mut model = model_entry(file, family);
     model.content_identity = content_identity;
     let scope = Scope {
-        regions: plan
-            .region_bytes
-            .iter()
-            .enumerate()
-            .map(|(i, &bytes)| RegionEntry {
-                id: i as u32,
-                bytes,
-            })
-            .collect(),
+        regions: region_entries(plan),
         tensors: plan::tensor_entries(file, plan),
     };
     Ok(Loaded {
@@ -149,7 +142,7 @@ pub fn upload_synthetic(
     mut store: Store,
     progress: &mut Progress<'_>,
 ) -> Result<Loaded, LoadError> {
-    use ds4_proto::layout::{synthetic_byte, synthetic_identity, SYNTHETIC_FAMILY};
+    use layout::{synthetic_byte, synthetic_identity, SYNTHETIC_FAMILY};
     const CHUNK: usize = 64 << 20;
     for (r, &bytes) in plan.region_bytes.iter().enumerate() {
         let chunk: Vec<u8> = (0..CHUNK as u64)
@@ -175,19 +168,23 @@ pub fn upload_synthetic(
             content_identity: identity,
         },
         scope: Scope {
-            regions: plan
-                .region_bytes
-                .iter()
-                .enumerate()
-                .map(|(i, &bytes)| RegionEntry {
-                    id: i as u32,
-                    bytes,
-                })
-                .collect(),
+            regions: region_entries(plan),
             tensors: vec![],
         },
         store,
     })
+}
+
+/// The manifest's region list of a plan.
+fn region_entries(plan: &Plan) -> Vec<RegionEntry> {
+    plan.region_bytes
+        .iter()
+        .enumerate()
+        .map(|(i, &bytes)| RegionEntry {
+            id: i as u32,
+            bytes,
+        })
+        .collect()
 }
 
 /// A plan of `total` bytes in regions of at most [`MAX_REGION_BYTES`].

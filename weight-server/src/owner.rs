@@ -1,5 +1,6 @@
 //! The owner's lease book and life cycle: attach, keep-alive, detach,
 //! drain, reaping, events. The gRPC service and the broker only call in.
+//! Starting a whole owner, [`Owner::start`], lives in [`crate::start`].
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -1,25 +1,13 @@
-//! From a GGUF to a region plan, the layout identity and the manifest's
-//! model entry.
+//! From a GGUF and its region plan to the manifest's tensor and shard
+//! entries, and the dry-run's byte breakdown. The plan and the layout
+//! identity themselves are `ds4_proto::layout::gguf`, shared with workers.
 
 use std::collections::BTreeMap;
 use std::time::UNIX_EPOCH;
 
 use ds4_model::gguf::GgufFile;
-use ds4_proto::layout::{self, Item, Plan, TensorDesc};
+use ds4_proto::layout::Plan;
 use ds4_proto::manifest::{ShardEntry, TensorEntry, LAYOUT_GGUF};
-
-/// Plan the file's tensors (file order) into regions.
-pub fn plan_file(file: &GgufFile, granularity: u64, max_region: u64) -> Plan {
-    let items: Vec<Item<'_>> = file
-        .tensors()
-        .iter()
-        .map(|t| Item {
-            name: &t.name,
-            bytes: t.n_bytes,
-        })
-        .collect();
-    layout::plan(&items, granularity, max_region)
-}
 
 /// The manifest's tensor list for a plan of `file`.
 pub fn tensor_entries(file: &GgufFile, plan: &Plan) -> Vec<TensorEntry> {
@@ -36,21 +24,6 @@ pub fn tensor_entries(file: &GgufFile, plan: &Plan) -> Vec<TensorEntry> {
             layout: LAYOUT_GGUF.into(),
         })
         .collect()
-}
-
-/// The layout identity of a file (headers and sizes only).
-pub fn layout_identity(file: &GgufFile) -> String {
-    layout::layout_identity(
-        file.shards()
-            .iter()
-            .map(|s| (s.header_bytes(), s.bytes().len() as u64)),
-        file.tensors().iter().map(|t| TensorDesc {
-            name: &t.name,
-            ggml_type: t.ggml_type.id(),
-            shape: &t.shape,
-            bytes: t.n_bytes,
-        }),
-    )
 }
 
 /// Path, size and mtime of every shard.

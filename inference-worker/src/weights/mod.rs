@@ -14,27 +14,25 @@
 
 mod session;
 mod sys;
-pub mod vmm;
 
 pub use session::{explicit_model, WeightsArgs, WeightsSession};
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ds4_kernels::vmm;
 use ds4_kernels::{DeviceBytes, HostBytes};
 use ds4_model::gguf::{GgufFile, TensorInfo};
 use ds4_proto::broker::{FdReply, FdRequest};
 use ds4_proto::client::{connect, ControlAddr};
 use ds4_proto::control as pb;
 use ds4_proto::control::weight_owner_client::WeightOwnerClient;
-use ds4_proto::layout::{self, Item, TensorDesc, MAX_REGION_BYTES};
-use ds4_proto::manifest::{BackendKind, Manifest, ManifestError, Scope, TensorEntry};
+use ds4_proto::layout::{self, HOST_GRANULARITY, MAX_REGION_BYTES};
+use ds4_proto::manifest::{pid_alive, BackendKind, Manifest, ManifestError, Scope, TensorEntry};
 use tonic::transport::Channel;
-
-/// Page granularity of host regions, as the owner uses.
-pub const HOST_GRANULARITY: u64 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -106,8 +104,8 @@ pub enum Imported {
 /// Imported device regions. Fields drop in order: the regions are
 /// unmapped before the device releases its context.
 pub struct VmmImport {
-    pub regions: Vec<vmm::ImportedRegion>,
-    pub device: vmm::VmmDevice,
+    pub regions: Vec<vmm::Region>,
+    pub device: vmm::Device,
 }
 
 /// A live lease with its imported regions.
@@ -125,30 +123,6 @@ pub struct Attachment {
     keepalive_every: Duration,
     client: WeightOwnerClient<Channel>,
     owner_alive: Arc<AtomicBool>,
-}
-
-fn pid_alive(pid: u32) -> bool {
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
-        Ok(()) => true,
-        Err(nix::errno::Errno::EPERM) => true,
-        Err(_) => false,
-    }
-}
-
-/// The layout identity of a model file (headers and sizes only), computed
-/// exactly as the owner does.
-pub fn layout_identity(file: &GgufFile) -> String {
-    layout::layout_identity(
-        file.shards()
-            .iter()
-            .map(|s| (s.header_bytes(), s.bytes().len() as u64)),
-        file.tensors().iter().map(|t| TensorDesc {
-            name: &t.name,
-            ggml_type: t.ggml_type.id(),
-            shape: &t.shape,
-            bytes: t.n_bytes,
-        }),
-    )
 }
 
 /// Read, check, attach and import. Control-plane calls run on `rt`; the
@@ -194,7 +168,7 @@ pub fn attach(
             path: model_path.clone(),
             error,
         })?;
-        let identity = layout_identity(&file);
+        let identity = layout::gguf::layout_identity(&file);
         if identity != manifest.model.layout_identity {
             return Err(WeightsError::Identity {
                 model: model_path,
@@ -216,7 +190,7 @@ pub fn attach(
                 .as_ref()
                 .map(|d| d.uuid.clone())
                 .unwrap_or_default();
-            Some(vmm::VmmDevice::open(&uuid).map_err(|e| WeightsError::CannotImport {
+            Some(vmm::Device::open_uuid(&uuid).map_err(|e| WeightsError::CannotImport {
                 manifest: mpath.clone(),
                 backend: BackendKind::Vmm,
                 reason: e.to_string(),
@@ -337,7 +311,7 @@ fn fetch_fds(
 fn import(
     scope: &Scope,
     fds: Vec<(u32, std::os::fd::OwnedFd)>,
-    device: Option<vmm::VmmDevice>,
+    device: Option<vmm::Device>,
     broker: &Path,
 ) -> Result<Imported, WeightsError> {
     let mut by_id: std::collections::HashMap<u32, std::os::fd::OwnedFd> = fds.into_iter().collect();
@@ -364,12 +338,13 @@ fn import(
             let mut regions = Vec::with_capacity(scope.regions.len());
             for r in &scope.regions {
                 let fd = take(r.id)?;
-                let imported = device
-                    .import(&fd, r.bytes)
-                    .map_err(|e| WeightsError::Import {
-                        region: r.id,
-                        message: e.to_string(),
-                    })?;
+                let imported =
+                    device
+                        .import(fd.as_fd(), r.bytes)
+                        .map_err(|e| WeightsError::Import {
+                            region: r.id,
+                            message: e.to_string(),
+                        })?;
                 regions.push(imported);
             }
             Ok(Imported::Vmm(Arc::new(VmmImport { regions, device })))
@@ -647,15 +622,7 @@ impl Attachment {
 /// Owned copies of the regions, planned exactly as the owner plans host
 /// regions: the standalone path. Returns every tensor's bytes.
 pub fn standalone(file: &GgufFile) -> std::collections::HashMap<String, HostBytes> {
-    let items: Vec<Item<'_>> = file
-        .tensors()
-        .iter()
-        .map(|t| Item {
-            name: &t.name,
-            bytes: t.n_bytes,
-        })
-        .collect();
-    let plan = layout::plan(&items, HOST_GRANULARITY, MAX_REGION_BYTES);
+    let plan = layout::gguf::plan(file, HOST_GRANULARITY, MAX_REGION_BYTES);
     let mut regions: Vec<Vec<u8>> = plan
         .region_bytes
         .iter()

@@ -1,19 +1,36 @@
 //! Where the weights live: sealed host memfds ([`host`]) or CUDA VMM
-//! allocations ([`vmm`]). Both hand out one file descriptor per region.
+//! allocations (`ds4_kernels::vmm`). Both hand out one file descriptor per
+//! region.
 
 pub mod host;
-pub mod vmm;
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 
+use ds4_kernels::vmm::{self, VmmError};
 use ds4_proto::manifest::{BackendKind, DeviceEntry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("host memory")]
     Host(#[from] std::io::Error),
-    #[error(transparent)]
-    Vmm(#[from] vmm::VmmError),
+    /// The VMM layer's message with what an operator of the owner does
+    /// about it.
+    #[error("{0}{hint}", hint = vmm_hint(.0))]
+    Vmm(VmmError),
+}
+
+impl From<VmmError> for BackendError {
+    fn from(e: VmmError) -> BackendError {
+        BackendError::Vmm(e)
+    }
+}
+
+fn vmm_hint(e: &VmmError) -> &'static str {
+    match e {
+        VmmError::NoDriver => "; use --backend host",
+        VmmError::NoOrdinal { .. } => "; pick one with --device",
+        VmmError::Cuda { .. } | VmmError::NoUuid { .. } => "",
+    }
 }
 
 /// The memory a backend sees, for the preflight and the log.
@@ -54,8 +71,6 @@ pub enum Store {
     },
 }
 
-/// Page size of host regions.
-pub const HOST_GRANULARITY: u64 = 4096;
 /// Pinned staging buffer size of each of the two vmm buffers.
 pub const STAGING_BYTES: usize = 64 << 20;
 
@@ -93,9 +108,9 @@ impl Store {
         match self {
             Store::Host(_) => None,
             Store::Vmm { device, .. } => Some(DeviceEntry {
-                ordinal: device.ordinal,
-                uuid: device.uuid.clone(),
-                arch: device.arch.clone(),
+                ordinal: device.ordinal(),
+                uuid: device.uuid().into(),
+                arch: device.arch().into(),
             }),
         }
     }
@@ -107,7 +122,7 @@ impl Store {
                 regions, stager, ..
             } => {
                 let stager = stager.as_mut().expect("stager lives until finish");
-                Ok(stager.upload(&regions[region as usize], offset, data)?)
+                Ok(stager.upload(regions[region as usize].region(), offset, data)?)
             }
         }
     }
@@ -132,7 +147,7 @@ impl Store {
     pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
         match self {
             Store::Host(r) => r.iter().map(|x| x.fd()).collect(),
-            Store::Vmm { regions, .. } => regions.iter().map(|a| a.fd().as_fd()).collect(),
+            Store::Vmm { regions, .. } => regions.iter().map(|a| a.fd()).collect(),
         }
     }
 
@@ -141,5 +156,28 @@ impl Store {
             Store::Host(r) => r.iter().map(|x| x.bytes()).sum(),
             Store::Vmm { regions, .. } => regions.iter().map(|a| a.bytes()).sum(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vmm_errors_say_what_to_do_with_this_owner() {
+        let e = BackendError::from(VmmError::NoDriver);
+        assert_eq!(
+            e.to_string(),
+            "the CUDA driver library (libcuda.so.1) is not installed on this machine; use --backend host"
+        );
+        let e = BackendError::from(VmmError::NoOrdinal {
+            ordinal: 3,
+            count: 1,
+        });
+        assert_eq!(
+            e.to_string(),
+            "CUDA device 3 does not exist (1 visible); pick one with --device"
+        );
+        assert!(std::error::Error::source(&e).is_none(), "said once");
     }
 }

@@ -1,22 +1,16 @@
-//! `ds4-weight-server`: the long-lived weight owner.
+//! `ds4-weight-server`: the long-lived weight owner. Parses flags and
+//! calls [`Owner::start`]; `status` and `drain` ask a running owner.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Parser;
 use ds4_proto::client::{connect, ControlAddr};
 use ds4_proto::control as pb;
-use ds4_proto::manifest::{self, BackendEntry, Control, Manifest, Owner as OwnerEntry, SCOPE_BASE};
-use ds4_weight_server::broker;
-use ds4_weight_server::dryrun;
-use ds4_weight_server::grpc;
-use ds4_weight_server::load::{self, BackendChoice, Target};
-use ds4_weight_server::notify::Notifier;
-use ds4_weight_server::owner::{EventKind, Identity, Owner};
-use ds4_weight_server::peer::PeerPolicy;
-use ds4_weight_server::progress::Progress;
+use ds4_proto::manifest::{Manifest, SCOPE_BASE};
+use ds4_weight_server::load::BackendChoice;
+use ds4_weight_server::owner::Owner;
+use ds4_weight_server::start::{Config, Outcome, StartError};
 
 /// Hold a model's weights in GPU (CUDA VMM) or shared host memory and hand
 /// them to restartable ds4-server workers.
@@ -250,257 +244,40 @@ async fn drain(cli: &DrainCli) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `<dir>/<stem>.<suffix>` beside the manifest.
-fn beside(manifest: &Path, suffix: &str) -> PathBuf {
-    let stem = manifest
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("weights");
-    manifest.with_file_name(format!("{stem}.{suffix}"))
+impl From<Cli> for Config {
+    fn from(cli: Cli) -> Config {
+        Config {
+            base: cli.base,
+            manifest: cli.manifest,
+            backend: cli.backend,
+            scope: cli.scope,
+            reserve_gb: cli.reserve_gb,
+            device: cli.device,
+            grpc: cli.grpc,
+            broker: cli.broker,
+            allow_gids: cli.allow_gids,
+            lease_timeout_s: cli.lease_timeout_s,
+            dry_run: cli.dry_run,
+            synthetic_gb: cli.synthetic_gb,
+        }
+    }
 }
 
+/// Run the owner; the preflight report goes to stdout (`--dry-run`) or,
+/// when the weights do not fit, to stderr before the error.
 fn run(cli: Cli) -> anyhow::Result<i32> {
-    let notifier = Notifier::from_env();
-    if cli.scope != SCOPE_BASE {
-        bail!(
-            "scope {:?} is not supported; this owner loads: {SCOPE_BASE}",
-            cli.scope
-        );
-    }
-    let reserve = (cli.reserve_gb.max(0.0) * (1u64 << 30) as f64) as u64;
-    notifier.status("validating model");
-    let model = match &cli.base {
-        Some(base) => match load::open_and_validate(base) {
-            Ok(x) => Some(x),
-            Err(e) => {
-                tracing::error!("{e}");
-                return Ok(dryrun::UNSUPPORTED);
+    match Owner::start(cli.into()) {
+        Ok(outcome) => {
+            if let Outcome::Preflight { report, .. } = &outcome {
+                print!("{report}");
             }
-        },
-        None => None,
-    };
-    let choice = cli.backend.unwrap_or_else(BackendChoice::detect);
-    let target = Target::open(choice, cli.device)?;
-    let granularity = target.granularity()?;
-    let plan = match &model {
-        Some((file, _)) => load::plan_for(file, granularity),
-        None => load::synthetic_plan(
-            (cli.synthetic_gb.unwrap_or(0.0).max(0.0) * (1u64 << 30) as f64) as u64,
-            granularity,
-        ),
-    };
-    let memory = target.memory()?;
-    let backend_name = match choice {
-        BackendChoice::Vmm => "vmm",
-        BackendChoice::Host => "host",
-    };
-    let (report, fits) = match &model {
-        Some((file, family)) => {
-            dryrun::report(file, family.name(), backend_name, &plan, &memory, reserve)
+            Ok(outcome.exit_code())
         }
-        None => dryrun::report_synthetic(backend_name, &plan, &memory, reserve),
-    };
-    if cli.dry_run {
-        print!("{report}");
-        return Ok(if fits {
-            dryrun::FITS
-        } else {
-            dryrun::DOES_NOT_FIT
-        });
-    }
-    if !fits {
-        eprint!("{report}");
-        bail!(
-            "the weights do not fit with --reserve-gb {}; see --dry-run",
-            cli.reserve_gb
-        );
-    }
-    // Refuse to replace a live owner's manifest.
-    let mut generation = 1;
-    if let Ok(old) = Manifest::read(&cli.manifest) {
-        if old.owner.pid != std::process::id() && pid_alive(old.owner.pid) {
-            bail!(
-                "manifest {} belongs to a running owner (pid {}); stop it first or pick another --manifest",
-                cli.manifest.display(),
-                old.owner.pid
-            );
+        Err(e) => {
+            if let StartError::DoesNotFit { report, .. } = &e {
+                eprint!("{report}");
+            }
+            Err(e.into())
         }
-        generation = old.owner.generation + 1;
-    }
-    let started_at = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    tracing::info!(
-        model = %cli.base.as_deref().unwrap_or(Path::new("(synthetic)")).display(), backend = backend_name,
-        regions = plan.region_bytes.len(), bytes = plan.total_bytes(), "allocating"
-    );
-    let store = target.allocate(&plan)?;
-    let total = model
-        .as_ref()
-        .map_or(plan.total_bytes(), |(f, _)| f.tensor_bytes());
-    let mut progress = Progress::new(total, &notifier);
-    let t0 = std::time::Instant::now();
-    let loaded = match &model {
-        Some((file, family)) => load::upload(file, *family, &plan, store, &mut progress)?,
-        None => load::upload_synthetic(&plan, store, &mut progress)?,
-    };
-    let load_s = t0.elapsed().as_secs_f64();
-    tracing::info!(
-        bytes = loaded.store.bytes_resident(), load_s = format!("{load_s:.2}"),
-        content_identity = %loaded.model.content_identity, "weights uploaded"
-    );
-
-    let grpc_addr = cli
-        .grpc
-        .clone()
-        .unwrap_or_else(|| format!("unix:{}", beside(&cli.manifest, "control.sock").display()));
-    let broker_path = cli
-        .broker
-        .clone()
-        .unwrap_or_else(|| beside(&cli.manifest, "broker.sock"));
-    let identity = Identity {
-        layout_identity: loaded.model.layout_identity.clone(),
-        content_identity: loaded.model.content_identity.clone(),
-        backend: backend_name.into(),
-        bytes_resident: loaded.store.bytes_resident(),
-        generation,
-        regions: loaded.scope.regions.clone(),
-    };
-    let owner = Arc::new(Owner::new(
-        identity,
-        Duration::from_secs_f64(cli.lease_timeout_s.max(0.5)),
-    ));
-    let policy = PeerPolicy::current(cli.allow_gids.clone());
-    let fds = loaded
-        .store
-        .fds()
-        .into_iter()
-        .map(|f| f.try_clone_to_owned())
-        .collect::<Result<Vec<_>, _>>()?;
-    let ids = loaded.scope.regions.iter().map(|r| r.id).collect();
-
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let control_addr = ControlAddr::parse(&grpc_addr);
-    let listener = {
-        let _g = rt.enter();
-        grpc::bind(&control_addr).with_context(|| format!("cannot listen on {control_addr}"))?
-    };
-    broker::start(
-        &broker_path,
-        owner.clone(),
-        broker::Regions { ids, fds },
-        policy.clone(),
-    )
-    .with_context(|| format!("cannot listen on {}", broker_path.display()))?;
-    tracing::info!("broker listening path={}", broker_path.display());
-
-    let mut scopes = std::collections::BTreeMap::new();
-    scopes.insert(SCOPE_BASE.to_string(), loaded.scope.clone());
-    let manifest = Manifest {
-        schema: manifest::SCHEMA.into(),
-        owner: OwnerEntry {
-            pid: std::process::id(),
-            started_at,
-            generation,
-            program_version: env!("CARGO_PKG_VERSION").into(),
-        },
-        model: loaded.model.clone(),
-        backend: BackendEntry {
-            kind: loaded.store.kind(),
-            device: loaded.store.device(),
-        },
-        control: Control {
-            grpc: control_addr.to_string(),
-            broker: std::fs::canonicalize(&broker_path).unwrap_or(broker_path.clone()),
-        },
-        scopes,
-    };
-
-    let result = rt.block_on(async {
-        let mut shutdown = owner.shutdown_signal();
-        let server = {
-            let mut rx = owner.shutdown_signal();
-            tokio::spawn(grpc::serve(owner.clone(), listener, policy, async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }))
-        };
-        manifest.publish(&cli.manifest)?;
-        owner.emit(EventKind::Ready, "ready");
-        let ready = format!(
-            "ready: {} regions, {:.2} GiB {backend_name}, generation {generation}",
-            manifest.scopes[SCOPE_BASE].regions.len(),
-            owner.identity().bytes_resident as f64 / (1u64 << 30) as f64
-        );
-        notifier.ready(&ready);
-        tracing::info!(grpc = %control_addr, "ready manifest={}", cli.manifest.display());
-
-        // Reaper, watchdog and signals.
-        let reaper = {
-            let owner = owner.clone();
-            let every = owner.lease_timeout() / 4;
-            tokio::spawn(async move {
-                let mut t = tokio::time::interval(every);
-                loop {
-                    t.tick().await;
-                    owner.reap();
-                }
-            })
-        };
-        let watchdog = notifier.watchdog_interval().map(|every| {
-            tokio::spawn(async move {
-                let n = Notifier::from_env();
-                let mut t = tokio::time::interval(every);
-                loop {
-                    t.tick().await;
-                    n.watchdog();
-                }
-            })
-        });
-        {
-            let owner = owner.clone();
-            tokio::spawn(async move {
-                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
-                }
-                owner.request_shutdown("signal received");
-            });
-        }
-        let _ = shutdown.wait_for(|s| *s).await;
-        notifier.stopping();
-        reaper.abort();
-        if let Some(w) = watchdog {
-            w.abort();
-        }
-        // Give event watchers a moment to see "shutting down".
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
-        anyhow::Ok(())
-    });
-    // Remove the manifest if it is still ours, and the sockets.
-    if let Ok(m) = Manifest::read(&cli.manifest) {
-        if m.owner.pid == std::process::id() {
-            let _ = std::fs::remove_file(&cli.manifest);
-        }
-    }
-    let _ = std::fs::remove_file(&broker_path);
-    if let ControlAddr::Unix(p) = &control_addr {
-        let _ = std::fs::remove_file(p);
-    }
-    drop(loaded);
-    result?;
-    tracing::info!("stopped");
-    Ok(0)
-}
-
-fn pid_alive(pid: u32) -> bool {
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
-        Ok(()) => true,
-        Err(nix::errno::Errno::EPERM) => true,
-        Err(_) => false,
     }
 }
