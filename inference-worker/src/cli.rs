@@ -2,7 +2,10 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Args};
+use ds4_kernels::cuda::CudaOptions;
+use ds4_kernels::Numerics;
 
 /// Flags every binary that loads a model takes.
 #[derive(Args, Debug, Clone)]
@@ -22,6 +25,74 @@ pub struct ModelArgs {
     /// else the CPU, with a log line saying why), `cpu`, `cuda` or `cuda:N`.
     #[arg(long, env = "DS4_DEVICE", default_value = "auto")]
     pub device: String,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
+}
+
+const CUDA_HEADING: &str = "CUDA tuning (for measurements and debugging; results are the same)";
+
+/// The CUDA backend's switches (`--device cuda`). Each also reads its
+/// `DS4_CUDA_*` environment variable; none changes results.
+#[derive(Args, Debug, Clone)]
+pub struct CudaArgs {
+    /// Replay repeated forward passes as CUDA graphs.
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_GRAPHS", value_name = "on|off", default_value = "on",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_graphs: bool,
+    /// Programmatic dependent launches (sm_90+).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_PDL", value_name = "on|off", default_value = "on",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_pdl: bool,
+    /// Run a one-token pass's dense decoder layers as one cluster launch
+    /// each (sm_90+).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_FUSED_LAYER", value_name = "on|off", default_value = "on",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_fused_layer: bool,
+    /// Quantized batches of at most N tokens use the dp4a kernel instead
+    /// of the tensor cores.
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_DP4A_TOKENS", value_name = "N",
+          default_value_t = CudaOptions::DEFAULT.dp4a_tokens)]
+    pub cuda_dp4a_tokens: usize,
+    /// Batches of at most N tokens through large Q4_K matrices use the
+    /// multi-token matvec (0: never).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_MVT_TOKENS", value_name = "N",
+          default_value_t = CudaOptions::DEFAULT.mvt_tokens)]
+    pub cuda_mvt_tokens: usize,
+    /// Issue a pass in chunks of about N commands, each its own graph (0:
+    /// the whole pass at once).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_CHUNK", value_name = "N",
+          default_value_t = CudaOptions::DEFAULT.chunk_cmds)]
+    pub cuda_chunk: usize,
+    /// Time every kernel; print the table at exit (slow).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_PROFILE", value_name = "on|off", default_value = "off",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_profile: bool,
+    /// Print where the host's time went at exit.
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_TIMING", value_name = "on|off", default_value = "off",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_timing: bool,
+}
+
+impl CudaArgs {
+    /// The backend's options from these flags.
+    pub fn options(&self, numerics: Numerics) -> CudaOptions {
+        CudaOptions {
+            numerics,
+            graphs: self.cuda_graphs,
+            pdl: self.cuda_pdl,
+            fused_layer: self.cuda_fused_layer,
+            dp4a_tokens: self.cuda_dp4a_tokens,
+            mvt_tokens: self.cuda_mvt_tokens,
+            chunk_cmds: self.cuda_chunk,
+            profile: self.cuda_profile,
+            timing: self.cuda_timing,
+        }
+    }
 }
 
 /// The compute backend chosen by `--device`.
@@ -42,15 +113,15 @@ impl Device {
 impl ModelArgs {
     /// Open the backend `--device` asks for, in production numerics.
     pub fn open_device(&self) -> anyhow::Result<Device> {
-        self.open_device_with(ds4_kernels::Numerics::Production)
+        self.open_device_with(Numerics::Production)
     }
 
     /// Open the backend `--device` asks for, computing with `numerics`.
-    pub fn open_device_with(&self, numerics: ds4_kernels::Numerics) -> anyhow::Result<Device> {
+    pub fn open_device_with(&self, numerics: Numerics) -> anyhow::Result<Device> {
         use ds4_kernels::cuda::CudaBackend;
         use ds4_kernels::CpuBackend;
         let cuda = |ordinal: usize| {
-            CudaBackend::new(ordinal, numerics).map(|be| {
+            CudaBackend::with_options(ordinal, self.cuda.options(numerics)).map(|be| {
                 let s = be.compile_stats();
                 tracing::info!(
                     ordinal,

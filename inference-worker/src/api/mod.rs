@@ -8,7 +8,8 @@
 //! - `anthropic_messages`: `POST /v1/messages`, `/v1/messages/count_tokens`
 //! - `models`: `GET /v1/models`, `/health`; `stats`: `/metrics`, `/v1/stats`
 //! - `convo` (conversations and their rendering) and `run` (engine runs,
-//!   collection, SSE) are shared by the surfaces.
+//!   collection, SSE) are shared by the surfaces; `trace` gives every
+//!   request its id and span.
 
 mod anthropic_messages;
 mod convo;
@@ -19,6 +20,7 @@ mod openai_completions;
 mod openai_responses;
 mod run;
 mod stats;
+mod trace;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,7 +30,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
-use axum::middleware::{from_fn_with_state, Next};
+use axum::middleware::{from_fn, from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -255,6 +257,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(error::not_found)
         .layer(from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(from_fn(trace::with_request_id))
         .with_state(state)
 }
 
@@ -305,4 +308,8 @@ fn cors_headers(h: &mut HeaderMap) {
         HeaderValue::from_static("*"),
     );
     h.insert("access-control-max-age", HeaderValue::from_static("86400"));
+    h.insert(
+        "access-control-expose-headers",
+        HeaderValue::from_static(trace::HEADER),
+    );
 }

@@ -11,6 +11,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::{ApiError, AppState};
 use crate::engine::Event;
@@ -326,54 +327,58 @@ pub fn sse(
     mut shape: impl Shape,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<SseEvent>(64);
-    tokio::spawn(async move {
-        let metrics = state.engine.metrics().clone();
-        let send_all = |evs: Vec<Frame>| {
-            let tx = tx.clone();
-            async move {
-                for e in evs {
-                    if tx.send(e.into_sse()).await.is_err() {
-                        return false;
-                    }
-                }
-                true
-            }
-        };
-        if !send_all(shape.start()).await {
-            metrics.request(surface, "cancelled");
-            return;
-        }
-        loop {
-            let step = match tokio::time::timeout(PING_EVERY, run.next()).await {
-                Ok(step) => step,
-                Err(_) => {
-                    if let Some(p) = shape.ping() {
-                        if tx.send(p.into_sse()).await.is_err() {
-                            metrics.request(surface, "cancelled");
-                            return;
+    let span = tracing::Span::current();
+    tokio::spawn(
+        async move {
+            let metrics = state.engine.metrics().clone();
+            let send_all = |evs: Vec<Frame>| {
+                let tx = tx.clone();
+                async move {
+                    for e in evs {
+                        if tx.send(e.into_sse()).await.is_err() {
+                            return false;
                         }
                     }
-                    continue;
+                    true
                 }
             };
-            let (events, outcome) = match step {
-                Step::Deltas(ds) => (shape.deltas(ds), None),
-                Step::Done(f) => (shape.finish(&f), Some("ok")),
-                Step::Failed(e) => {
-                    metrics.refusal(e.reason());
-                    (shape.error(&e), Some(e.reason()))
-                }
-            };
-            if !send_all(events).await {
+            if !send_all(shape.start()).await {
                 metrics.request(surface, "cancelled");
                 return;
             }
-            if let Some(o) = outcome {
-                metrics.request(surface, o);
-                return;
+            loop {
+                let step = match tokio::time::timeout(PING_EVERY, run.next()).await {
+                    Ok(step) => step,
+                    Err(_) => {
+                        if let Some(p) = shape.ping() {
+                            if tx.send(p.into_sse()).await.is_err() {
+                                metrics.request(surface, "cancelled");
+                                return;
+                            }
+                        }
+                        continue;
+                    }
+                };
+                let (events, outcome) = match step {
+                    Step::Deltas(ds) => (shape.deltas(ds), None),
+                    Step::Done(f) => (shape.finish(&f), Some("ok")),
+                    Step::Failed(e) => {
+                        metrics.refusal(e.reason());
+                        (shape.error(&e), Some(e.reason()))
+                    }
+                };
+                if !send_all(events).await {
+                    metrics.request(surface, "cancelled");
+                    return;
+                }
+                if let Some(o) = outcome {
+                    metrics.request(surface, o);
+                    return;
+                }
             }
         }
-    });
+        .instrument(span),
+    );
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });

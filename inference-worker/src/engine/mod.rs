@@ -92,6 +92,9 @@ struct Job {
     /// KV blocks reserved in the ledger for this request.
     reserved: usize,
     submitted: Instant,
+    /// The submitter's span (the HTTP request's, with its id): the
+    /// engine logs about this request inside it.
+    span: tracing::Span,
 }
 
 enum Msg {
@@ -159,6 +162,7 @@ impl EngineHandle {
             events,
             reserved,
             submitted: Instant::now(),
+            span: tracing::Span::current(),
         };
         if self.tx.send(Msg::Job(job)).is_err() {
             self.ledger.lock().expect("ledger").release(reserved);

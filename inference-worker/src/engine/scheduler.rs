@@ -8,6 +8,10 @@
 //! 4. **sample and retire**: sample where logits came back, stream the
 //!    tokens, and retire finished, failed and cancelled sequences.
 //!
+//! Each phase runs in a `debug` span of its name (`admit`, `plan`,
+//! `forward`, `sample`, `retire`); what concerns one request is logged
+//! inside that request's span (its `request_id`).
+//!
 //! Families whose state is not paged (DeepSeek V4) run each sequence in
 //! its own state, one forward call per sequence per step; a finished
 //! conversation's state is kept and reused when a prompt extends it.
@@ -21,6 +25,7 @@ use std::time::Instant;
 use ds4_kernels::Backend;
 use ds4_model::{Logits, ModelError, PagedInput, Sequence};
 use tokio::sync::mpsc;
+use tracing::debug_span;
 
 use super::blocks::{chain_hash, chain_hashes, BlockId, BlockManager, ChainHash};
 use super::disk::DiskCache;
@@ -133,7 +138,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     }
                 }
             }
-            self.admit();
+            debug_span!("admit", waiting = self.waiting.len()).in_scope(|| self.admit());
             self.metrics.queue_depth.set(self.waiting.len() as i64);
             if self.live.is_empty() {
                 if !open && self.waiting.is_empty() {
@@ -142,7 +147,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 continue;
             }
             self.step();
-            self.retire();
+            debug_span!("retire").in_scope(|| self.retire());
         }
         self.checkpoint_idle();
         tracing::info!("engine stopped");
@@ -178,6 +183,8 @@ impl<'m, B: Backend> Scheduler<'m, B> {
 
     /// A new live sequence for `job`, with the longest cached prefix.
     fn start(&mut self, job: Job) -> Live<'m, B> {
+        let span = job.span.clone();
+        let _in = span.enter();
         let prompt = job.req.prompt.clone();
         let (state, cached) = match &mut self.kv {
             Some(kv) => {
@@ -197,6 +204,12 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             cached_tokens: cached,
             ..Default::default()
         };
+        tracing::debug!(
+            prompt_tokens = prompt.len(),
+            cached_tokens = cached,
+            queued_ms = format!("{:.1}", job.submitted.elapsed().as_secs_f64() * 1e3),
+            "admitted"
+        );
         Live {
             prompt_len: prompt.len(),
             tokens: prompt,
@@ -268,16 +281,19 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     }
 
     fn step(&mut self) {
-        let parts = self.plan();
+        let parts = debug_span!("plan").in_scope(|| self.plan());
         if parts.is_empty() {
             return;
         }
-        let result = match self.kv.is_some() {
+        let rows: usize = parts.iter().map(|p| p.n).sum();
+        let span = debug_span!("forward", sequences = parts.len(), rows);
+        let result = span.in_scope(|| match self.kv.is_some() {
             true => self.forward_paged(&parts),
             false => self.forward_own(&parts),
-        };
+        });
         match result {
             Ok(logits) => {
+                let _sample = debug_span!("sample").entered();
                 for (part, logits) in parts.iter().zip(logits) {
                     self.advance(part, &logits);
                 }
@@ -286,6 +302,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 tracing::error!(error = %e, sequences = parts.len(), "forward pass failed");
                 for part in &parts {
                     let l = &mut self.live[part.live];
+                    tracing::error!(parent: &l.job.span, error = %e, "request failed in the forward pass");
                     l.done = true;
                     let _ = l
                         .job
@@ -349,6 +366,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     fn advance(&mut self, part: &Part, logits: &[f32]) {
         let ctx = self.cfg.ctx;
         let l = &mut self.live[part.live];
+        let _in = l.job.span.clone().entered();
         l.computed += part.n;
         if let (Some(kv), State::Paged { blocks, hashes }) = (&mut self.kv, &mut l.state) {
             register_full_blocks(kv, &l.tokens[..l.computed], blocks, hashes);
@@ -406,6 +424,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     }
 
     fn finish(&mut self, mut l: Live<'m, B>) {
+        let _in = l.job.span.clone().entered();
         l.timings.decode_ms = l
             .first_token
             .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);

@@ -51,6 +51,7 @@ mod decode_layer;
 mod elementwise;
 mod embed;
 mod matmul;
+mod options;
 mod profile;
 mod queue;
 
@@ -68,6 +69,7 @@ use crate::backend::{
 use crate::quant::GgmlType;
 
 pub use compile::CompileStats;
+pub use options::CudaOptions;
 pub use queue::{GraphStats, HostTiming};
 
 /// Row-major `[rows, cols]` f32 activations in device memory: a piece of
@@ -239,33 +241,18 @@ pub struct CudaBackend {
     producers: Vec<(usize, Producer)>,
     /// The `rope` kernel's handle (its launch may fuse with the KV store).
     rope_func: usize,
-    /// Quantized batches of at most this many tokens run the dp4a kernel
-    /// rather than the tensor cores (`DS4_CUDA_DP4A_TOKENS`, default
-    /// [`DP4A_TOKENS`]).
+    /// [`CudaOptions::dp4a_tokens`].
     dp4a_tokens: usize,
-    /// Batches of at most this many tokens through large Q4_K matrices
-    /// run the multi-token matvec (`DS4_CUDA_MVT_TOKENS`, default
-    /// [`MVT_TOKENS`]; 0: never).
+    /// [`CudaOptions::mvt_tokens`].
     mvt_tokens: usize,
-    /// Whether single-token passes may run whole decoder layers in one
-    /// cluster launch (sm_90+, `DS4_CUDA_FUSED_LAYER`, default on).
+    /// [`CudaOptions::fused_layer`], where the device allows it.
     fused_layer: bool,
+    /// [`CudaOptions::timing`].
+    timing: bool,
     /// Whether the fused layer's cluster fits the device, by its shared
     /// memory size (asked once per size).
     cluster_fit: Mutex<HashMap<u32, bool>>,
 }
-
-/// The count in environment variable `name`, else `default` (unset or
-/// not a number).
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Default of [`CudaBackend`]'s `mvt_tokens`.
-const MVT_TOKENS: usize = 16;
 
 /// Read-backs up to this many bytes land in pinned memory and are copied
 /// out. SmolLM2's logits (196 KB) after each decode step: tg128 1319-1344
@@ -274,25 +261,20 @@ const MVT_TOKENS: usize = 16;
 /// 16 streams' (3.1 MB) were the same either way.
 const PINNED_READ_BACK: usize = 1 << 20;
 
-/// Default of [`CudaBackend`]'s `dp4a_tokens`. On an H200, 14336 x 4096
-/// (`perf_small_batches`), the dp4a kernel against the tensor-core path
-/// (tiled, split along K), in us: 2 tokens Q4_1 20 / 70, Q6_K 39 / 93;
-/// 8 tokens 46 / 71, 65 / 93; 16 tokens 85 / 69, 116 / 89. (Large Q4_K
-/// matrices take the multi-token matvec up to [`MVT_TOKENS`] first.)
-const DP4A_TOKENS: usize = 8;
-
-/// Default of [`CudaBackend`]'s `chunk`: a decode step of SmolLM2 or a 7B
-/// records 250-350 commands, so about six lists, each issued (as its own
-/// graph) while the host records the next. 48 against 96: SmolLM2's
-/// decode 1.5% faster, the 7B's the same.
-const CHUNK_CMDS: usize = 48;
-
 impl CudaBackend {
     /// Opens device `ordinal` (its primary context, so memory other code
     /// maps in that context is usable here), and loads every kernel module,
     /// compiling with NVRTC for the device's compute capability unless the
     /// disk cache has it.
+    /// The switches are the defaults with the `DS4_CUDA_*` environment
+    /// variables applied ([`CudaOptions::from_env`]).
     pub fn new(ordinal: usize, numerics: Numerics) -> Result<CudaBackend, BackendError> {
+        CudaBackend::with_options(ordinal, CudaOptions::from_env(numerics))
+    }
+
+    /// [`CudaBackend::new`] with explicit switches.
+    pub fn with_options(ordinal: usize, opts: CudaOptions) -> Result<CudaBackend, BackendError> {
+        let numerics = opts.numerics;
         // SAFETY: only tries to dlopen the driver library.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(BackendError::Device(
@@ -345,14 +327,9 @@ impl CudaBackend {
                 funcs.insert(k, f);
             }
         }
-        // DS4_CUDA_GRAPHS=0 issues every pass kernel by kernel (to rule
-        // graphs out when debugging; results are the same).
-        let graphs = std::env::var_os("DS4_CUDA_GRAPHS").is_none_or(|v| v != "0");
-        let mut state = queue::State::new(graphs);
-        // DS4_CUDA_PDL=0 launches each kernel after the previous one
-        // finished (for ruling programmatic launches out; same results).
-        state.pdl = arch >= 90 && std::env::var_os("DS4_CUDA_PDL").is_none_or(|v| v != "0");
-        if std::env::var_os("DS4_CUDA_PROFILE").is_some_and(|v| v != "0") {
+        let mut state = queue::State::new(opts.graphs);
+        state.pdl = arch >= 90 && opts.pdl;
+        if opts.profile {
             let mut p = profile::Profile::default();
             for (&name, f) in &funcs {
                 p.names.insert(f.cu_function() as usize, name);
@@ -366,7 +343,7 @@ impl CudaBackend {
         let rope_func = funcs["rope"].cu_function() as usize;
         // The fused layer's cluster of 16 is past the portable 8.
         let fused_layer = arch >= 90
-            && std::env::var_os("DS4_CUDA_FUSED_LAYER").is_none_or(|v| v != "0")
+            && opts.fused_layer
             && funcs[decode_layer::KERNEL]
                 .set_attribute(
                     cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
@@ -387,9 +364,10 @@ impl CudaBackend {
             live: Arc::new(AtomicUsize::new(0)),
             producers,
             rope_func,
-            mvt_tokens: env_usize("DS4_CUDA_MVT_TOKENS", MVT_TOKENS),
-            dp4a_tokens: env_usize("DS4_CUDA_DP4A_TOKENS", DP4A_TOKENS),
-            chunk: env_usize("DS4_CUDA_CHUNK", CHUNK_CMDS),
+            mvt_tokens: opts.mvt_tokens,
+            dp4a_tokens: opts.dp4a_tokens,
+            chunk: opts.chunk_cmds,
+            timing: opts.timing,
             fused_layer,
             cluster_fit: Mutex::new(HashMap::new()),
         })
@@ -803,7 +781,7 @@ impl Drop for CudaBackend {
         if let Some(p) = &st.profile {
             eprintln!("CUDA kernel time (DS4_CUDA_PROFILE):\n{}", p.report());
         }
-        if std::env::var_os("DS4_CUDA_TIMING").is_some_and(|v| v != "0") {
+        if self.timing {
             eprintln!("CUDA host time (DS4_CUDA_TIMING): {}", st.timing);
         }
     }

@@ -1,0 +1,111 @@
+//! The CUDA backend's tuning and diagnostic switches, in one struct that
+//! binaries fill from their flags ([`CudaOptions`]). Every switch keeps
+//! its documented environment variable: [`CudaOptions::from_env`] applies
+//! them over the defaults (the binaries' flags read the same variables),
+//! so nothing deeper in the backend reads the environment. None of the
+//! switches changes results.
+
+use crate::backend::Numerics;
+
+/// How a [`super::CudaBackend`] computes and what it reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaOptions {
+    pub numerics: Numerics,
+    /// Replay forward passes seen before as CUDA graphs
+    /// (`DS4_CUDA_GRAPHS=0`: kernel by kernel, to rule graphs out).
+    pub graphs: bool,
+    /// Programmatic dependent launches on sm_90+ (`DS4_CUDA_PDL=0`: each
+    /// kernel after the previous one finished).
+    pub pdl: bool,
+    /// Single-token passes may run whole dense decoder layers in one
+    /// cluster launch on sm_90+ (`DS4_CUDA_FUSED_LAYER=0`: op by op).
+    pub fused_layer: bool,
+    /// Quantized batches of at most this many tokens run the dp4a kernel
+    /// rather than the tensor cores (`DS4_CUDA_DP4A_TOKENS`).
+    pub dp4a_tokens: usize,
+    /// Batches of at most this many tokens through large Q4_K matrices run
+    /// the multi-token matvec; 0: never (`DS4_CUDA_MVT_TOKENS`).
+    pub mvt_tokens: usize,
+    /// Issue a pass in chunks of about this many commands, each its own
+    /// graph, so the device runs one while the host records the next; 0:
+    /// the whole pass at once (`DS4_CUDA_CHUNK`).
+    pub chunk_cmds: usize,
+    /// Time every kernel and print the table when the backend is dropped
+    /// (`DS4_CUDA_PROFILE=1`; slow).
+    pub profile: bool,
+    /// Print where the host's time went when the backend is dropped
+    /// (`DS4_CUDA_TIMING=1`).
+    pub timing: bool,
+}
+
+impl CudaOptions {
+    /// The defaults, in production numerics.
+    pub const DEFAULT: CudaOptions = CudaOptions {
+        numerics: Numerics::Production,
+        graphs: true,
+        pdl: true,
+        fused_layer: true,
+        dp4a_tokens: DP4A_TOKENS,
+        mvt_tokens: MVT_TOKENS,
+        chunk_cmds: CHUNK_CMDS,
+        profile: false,
+        timing: false,
+    };
+
+    /// The defaults in `numerics`, with the `DS4_CUDA_*` environment
+    /// variables applied (for programs without flags: tests, benches).
+    pub fn from_env(numerics: Numerics) -> CudaOptions {
+        let d = CudaOptions::DEFAULT;
+        CudaOptions {
+            numerics,
+            graphs: env_bool("DS4_CUDA_GRAPHS", d.graphs),
+            pdl: env_bool("DS4_CUDA_PDL", d.pdl),
+            fused_layer: env_bool("DS4_CUDA_FUSED_LAYER", d.fused_layer),
+            dp4a_tokens: env_usize("DS4_CUDA_DP4A_TOKENS", d.dp4a_tokens),
+            mvt_tokens: env_usize("DS4_CUDA_MVT_TOKENS", d.mvt_tokens),
+            chunk_cmds: env_usize("DS4_CUDA_CHUNK", d.chunk_cmds),
+            profile: env_bool("DS4_CUDA_PROFILE", d.profile),
+            timing: env_bool("DS4_CUDA_TIMING", d.timing),
+        }
+    }
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions::DEFAULT
+    }
+}
+
+/// Default of [`CudaOptions::mvt_tokens`].
+pub const MVT_TOKENS: usize = 16;
+
+/// Default of [`CudaOptions::dp4a_tokens`]. On an H200, 14336 x 4096
+/// (`perf_small_batches`), the dp4a kernel against the tensor-core path
+/// (tiled, split along K), in us: 2 tokens Q4_1 20 / 70, Q6_K 39 / 93;
+/// 8 tokens 46 / 71, 65 / 93; 16 tokens 85 / 69, 116 / 89. (Large Q4_K
+/// matrices take the multi-token matvec up to [`MVT_TOKENS`] first.)
+pub const DP4A_TOKENS: usize = 8;
+
+/// Default of [`CudaOptions::chunk_cmds`]: a decode step of SmolLM2 or a
+/// 7B records 250-350 commands, so about six lists, each issued (as its
+/// own graph) while the host records the next. 48 against 96: SmolLM2's
+/// decode 1.5% faster, the 7B's the same.
+pub const CHUNK_CMDS: usize = 48;
+
+/// A switch from the environment: `0`, `false`, `off` or `no` is off,
+/// any other value on; unset: `default`.
+fn env_bool(name: &str, default: bool) -> bool {
+    match std::env::var(name) {
+        Ok(v) => !matches!(v.trim(), "0" | "false" | "off" | "no"),
+        Err(_) => default,
+    }
+}
+
+/// The count in environment variable `name`, else `default` (unset or
+/// not a number).
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
