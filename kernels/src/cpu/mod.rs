@@ -7,9 +7,12 @@
 //! products per block) so that logits match llama.cpp closely.
 
 mod attention;
+mod compressed;
 mod elementwise;
 mod expf;
+mod hyper;
 mod matmul;
+mod moe;
 mod pool;
 mod rope;
 pub mod sampling;
@@ -17,12 +20,14 @@ pub mod sampling;
 mod simd;
 
 use crate::backend::{
-    AttentionConfig, Backend, BackendError, HostBytes, KvDtype, KvPoolConfig, KvSeq, Numerics,
-    RopeConfig, WeightSource,
+    AttentionConfig, Backend, BackendError, CompressedAttentionConfig, CompressedPoolConfig,
+    CompressedSeq, CompressorConfig, HcConfig, HostBytes, KvDtype, KvPoolConfig, KvSeq, Numerics,
+    RopeConfig, RouteConfig, TailRope, WeightSource,
 };
 use crate::quant::{self, GgmlType};
 
 pub use attention::CpuKvPool;
+pub use compressed::CpuCompressedPool;
 
 /// Row-major `[rows, cols]` activations in host memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -62,6 +67,38 @@ impl CpuWeight {
             .as_deref()
             .expect("element-wise weight is one row and bound dense")
     }
+
+    /// All of the weight's bytes.
+    fn bytes_all(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
+    /// Rows `first .. first + n` as a weight of their own (no copy).
+    fn rows_view(&self, first: usize, n: usize) -> CpuWeight {
+        CpuWeight {
+            name: format!("{}[rows {first}..{}]", self.name, first + n),
+            ggml_type: self.ggml_type,
+            rows: n,
+            cols: self.cols,
+            row_bytes: self.row_bytes,
+            bytes: self
+                .bytes
+                .slice(first * self.row_bytes, n * self.row_bytes)
+                .expect("a row block inside the weight"),
+            dense: None,
+        }
+    }
+
+    /// A one-row weight's values; a clear error for anything else.
+    fn dense_checked(&self, op: &'static str) -> Result<&[f32], BackendError> {
+        self.dense.as_deref().ok_or_else(|| BackendError::Shape {
+            op,
+            detail: format!(
+                "{} is [{}, {}], expected one row",
+                self.name, self.rows, self.cols
+            ),
+        })
+    }
 }
 
 /// The CPU backend. Threads come from rayon's global pool (one per core by
@@ -91,10 +128,20 @@ impl CpuBackend {
     }
 }
 
+impl CpuBackend {
+    /// The matmul of this backend's numerics, for ops built on it.
+    fn matmul_fn(
+        &self,
+    ) -> impl Fn(&CpuWeight, &CpuTensor, &mut CpuTensor) -> Result<(), BackendError> + '_ {
+        move |w, x, out| self.matmul(w, x, out)
+    }
+}
+
 impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
     type KvPool = CpuKvPool;
+    type CompressedPool = CpuCompressedPool;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -289,5 +336,230 @@ impl Backend for CpuBackend {
 
     fn add_bias(&self, x: &mut CpuTensor, bias: &CpuWeight) {
         elementwise::add_bias(x, bias.dense());
+    }
+
+    fn hc_pre(
+        &self,
+        x: &CpuTensor,
+        mix: &CpuWeight,
+        scale: &CpuWeight,
+        base: &CpuWeight,
+        cfg: &HcConfig,
+        out: &mut CpuTensor,
+        split: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        let (scale, base) = (
+            scale.dense_checked("hc_pre")?,
+            base.dense_checked("hc_pre")?,
+        );
+        hyper::hc_pre(x, mix, scale, base, cfg, out, split, &self.matmul_fn())
+    }
+
+    fn hc_post(&self, x: &mut CpuTensor, y: &CpuTensor, split: &CpuTensor, cfg: &HcConfig) {
+        hyper::hc_post(x, y, split, cfg);
+    }
+
+    fn hc_head(
+        &self,
+        x: &CpuTensor,
+        mix: &CpuWeight,
+        scale: &CpuWeight,
+        base: &CpuWeight,
+        cfg: &HcConfig,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        let (scale, base) = (
+            scale.dense_checked("hc_head")?,
+            base.dense_checked("hc_head")?,
+        );
+        hyper::hc_head(x, mix, scale, base, cfg, out, &self.matmul_fn())
+    }
+
+    fn rms_norm_heads(&self, x: &mut CpuTensor, head_dim: usize, eps: f32) {
+        hyper::rms_norm_heads(x, head_dim, eps);
+    }
+
+    fn rope_tail(
+        &self,
+        x: &mut CpuTensor,
+        positions: &[u32],
+        head_dim: usize,
+        rope: &TailRope,
+        inverse: bool,
+    ) {
+        hyper::rope_tail(x, positions, head_dim, rope, inverse);
+    }
+
+    fn round_fp8(&self, x: &mut CpuTensor, width: usize, n_round: usize) {
+        hyper::round_fp8(x, width, n_round);
+    }
+
+    fn round_indexer(&self, x: &mut CpuTensor, dim: usize) {
+        hyper::round_indexer(x, dim);
+    }
+
+    fn round_f16(&self, x: &mut CpuTensor) {
+        hyper::round_f16(x);
+    }
+
+    fn scale(&self, x: &mut CpuTensor, s: f32) {
+        hyper::scale(x, s);
+    }
+
+    fn compressed_pool(
+        &self,
+        cfg: &CompressedPoolConfig,
+    ) -> Result<CpuCompressedPool, BackendError> {
+        CpuCompressedPool::new(cfg.clone())
+    }
+
+    fn compressed_begin(
+        &self,
+        pool: &mut CpuCompressedPool,
+        slot: u32,
+        window: Option<u32>,
+    ) -> Result<(), BackendError> {
+        compressed::begin(pool, slot, window)
+    }
+
+    fn window_store(
+        &self,
+        pool: &mut CpuCompressedPool,
+        layer: usize,
+        seqs: &[CompressedSeq<'_>],
+        kv: &CpuTensor,
+    ) -> Result<(), BackendError> {
+        compressed::window_store(pool, layer, seqs, kv)
+    }
+
+    fn compress(
+        &self,
+        pool: &mut CpuCompressedPool,
+        layer: usize,
+        seqs: &[CompressedSeq<'_>],
+        k: &CpuTensor,
+        s: &CpuTensor,
+        ape: &CpuWeight,
+        norm: &CpuWeight,
+        cfg: &CompressorConfig,
+    ) -> Result<(), BackendError> {
+        let norm = norm.dense_checked("compress")?;
+        compressed::compress(pool, layer, seqs, k, s, ape, norm, cfg)
+    }
+
+    fn indexer_select(
+        &self,
+        pool: &CpuCompressedPool,
+        layer: usize,
+        seqs: &[CompressedSeq<'_>],
+        q: &CpuTensor,
+        w: &CpuTensor,
+        top_k: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        compressed::indexer_select(pool, layer, seqs, q, w, top_k, out)
+    }
+
+    fn compressed_attention(
+        &self,
+        q: &CpuTensor,
+        pool: &CpuCompressedPool,
+        layer: usize,
+        seqs: &[CompressedSeq<'_>],
+        selected: Option<&CpuTensor>,
+        sinks: &CpuWeight,
+        cfg: &CompressedAttentionConfig,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        let sinks = sinks.dense_checked("compressed_attention")?;
+        compressed::compressed_attention(q, pool, layer, seqs, selected, sinks, cfg, out)
+    }
+
+    fn compressed_read_block(
+        &self,
+        pool: &CpuCompressedPool,
+        block: u32,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
+        compressed::read_block(pool, block, out)
+    }
+
+    fn compressed_write_block(
+        &self,
+        pool: &mut CpuCompressedPool,
+        block: u32,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        compressed::write_block(pool, block, data)
+    }
+
+    fn window_read(
+        &self,
+        pool: &CpuCompressedPool,
+        window: u32,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
+        compressed::window_read(pool, window, out)
+    }
+
+    fn window_write(
+        &self,
+        pool: &mut CpuCompressedPool,
+        window: u32,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        compressed::window_write(pool, window, data)
+    }
+
+    fn matmul_grouped(
+        &self,
+        w: &CpuWeight,
+        x: &CpuTensor,
+        groups: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        moe::matmul_grouped(w, x, groups, out, &self.matmul_fn())
+    }
+
+    fn moe_route(
+        &self,
+        logits: &CpuTensor,
+        bias: Option<&CpuWeight>,
+        hash: Option<(&CpuWeight, &[u32])>,
+        cfg: &RouteConfig,
+        ids: &mut CpuTensor,
+        weights: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        moe::moe_route(logits, bias, hash, cfg, ids, weights)
+    }
+
+    fn moe_experts(
+        &self,
+        gate: &CpuWeight,
+        up: &CpuWeight,
+        down: &CpuWeight,
+        n_expert: usize,
+        x: &CpuTensor,
+        ids: &CpuTensor,
+        weights: &CpuTensor,
+        clamp: f32,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        moe::moe_experts(
+            gate,
+            up,
+            down,
+            n_expert,
+            x,
+            ids,
+            weights,
+            clamp,
+            out,
+            &self.matmul_fn(),
+        )
+    }
+
+    fn swiglu_clamped(&self, gate: &CpuTensor, up: &CpuTensor, clamp: f32, out: &mut CpuTensor) {
+        hyper::swiglu_clamped(gate, up, clamp, out);
     }
 }

@@ -47,10 +47,13 @@ macro_rules! launch {
 mod arena;
 mod attention;
 pub mod compile;
+mod compressed;
 mod decode_layer;
 mod elementwise;
 mod embed;
+mod hyper;
 mod matmul;
+mod moe;
 mod options;
 mod profile;
 mod queue;
@@ -63,12 +66,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 
 use crate::backend::{
-    AttentionConfig, Backend, BackendError, DenseLayer, DenseLayerConfig, KvDtype, KvPoolConfig,
-    KvSeq, Numerics, RopeConfig, WeightSource,
+    AttentionConfig, Backend, BackendError, CompressedAttentionConfig, CompressedPoolConfig,
+    CompressedSeq, CompressorConfig, DenseLayer, DenseLayerConfig, HcConfig, KvDtype, KvPoolConfig,
+    KvSeq, Numerics, RopeConfig, RouteConfig, TailRope, WeightSource,
 };
 use crate::quant::GgmlType;
 
 pub use compile::CompileStats;
+pub use compressed::CudaCompressedPool;
 pub use options::CudaOptions;
 pub use queue::{GraphStats, HostTiming};
 
@@ -827,6 +832,7 @@ fn check_weight(
 }
 
 impl Backend for CudaBackend {
+    type CompressedPool = CudaCompressedPool;
     type Tensor = CudaTensor;
     type Weight = CudaWeight;
     type KvPool = CudaKvPool;
@@ -1082,5 +1088,209 @@ impl Backend for CudaBackend {
 
     fn add_bias(&self, x: &mut CudaTensor, bias: &CudaWeight) {
         elementwise::add_bias(self, x, bias).expect("CUDA add_bias");
+    }
+
+    fn hc_pre(
+        &self,
+        x: &CudaTensor,
+        mix: &CudaWeight,
+        scale: &CudaWeight,
+        base: &CudaWeight,
+        cfg: &HcConfig,
+        out: &mut CudaTensor,
+        split: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        hyper::hc_pre(self, x, mix, scale, base, cfg, out, split)
+    }
+
+    fn hc_post(&self, x: &mut CudaTensor, y: &CudaTensor, split: &CudaTensor, cfg: &HcConfig) {
+        hyper::hc_post(self, x, y, split, cfg).expect("CUDA hc_post");
+    }
+
+    fn hc_head(
+        &self,
+        x: &CudaTensor,
+        mix: &CudaWeight,
+        scale: &CudaWeight,
+        base: &CudaWeight,
+        cfg: &HcConfig,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        hyper::hc_head(self, x, mix, scale, base, cfg, out)
+    }
+
+    fn rms_norm_heads(&self, x: &mut CudaTensor, head_dim: usize, eps: f32) {
+        hyper::rms_norm_heads(self, x, head_dim, eps).expect("CUDA rms_norm_heads");
+    }
+
+    fn rope_tail(
+        &self,
+        x: &mut CudaTensor,
+        positions: &[u32],
+        head_dim: usize,
+        rope: &TailRope,
+        inverse: bool,
+    ) {
+        hyper::rope_tail(self, x, positions, head_dim, rope, inverse).expect("CUDA rope_tail");
+    }
+
+    fn round_fp8(&self, x: &mut CudaTensor, width: usize, n_round: usize) {
+        hyper::round_fp8(self, x, width, n_round).expect("CUDA round_fp8");
+    }
+
+    fn round_indexer(&self, x: &mut CudaTensor, dim: usize) {
+        hyper::round_indexer(self, x, dim).expect("CUDA round_indexer");
+    }
+
+    fn round_f16(&self, x: &mut CudaTensor) {
+        hyper::round_f16(self, x).expect("CUDA round_f16");
+    }
+
+    fn scale(&self, x: &mut CudaTensor, s: f32) {
+        hyper::scale(self, x, s).expect("CUDA scale");
+    }
+
+    fn compressed_pool(
+        &self,
+        cfg: &CompressedPoolConfig,
+    ) -> Result<CudaCompressedPool, BackendError> {
+        compressed::pool(self, cfg)
+    }
+
+    fn compressed_begin(
+        &self,
+        pool: &mut CudaCompressedPool,
+        slot: u32,
+        window: Option<u32>,
+    ) -> Result<(), BackendError> {
+        compressed::begin(self, pool, slot, window)
+    }
+
+    fn window_store(
+        &self,
+        pool: &mut CudaCompressedPool,
+        layer: usize,
+        seqs: &[CompressedSeq<'_>],
+        kv: &CudaTensor,
+    ) -> Result<(), BackendError> {
+        compressed::window_store(self, pool, layer, seqs, kv)
+    }
+
+    fn compress(
+        &self,
+        pool: &mut CudaCompressedPool,
+        layer: usize,
+        seqs: &[CompressedSeq<'_>],
+        k: &CudaTensor,
+        s: &CudaTensor,
+        ape: &CudaWeight,
+        norm: &CudaWeight,
+        cfg: &CompressorConfig,
+    ) -> Result<(), BackendError> {
+        compressed::compress(self, pool, layer, seqs, k, s, ape, norm, cfg)
+    }
+
+    fn indexer_select(
+        &self,
+        pool: &CudaCompressedPool,
+        layer: usize,
+        seqs: &[CompressedSeq<'_>],
+        q: &CudaTensor,
+        w: &CudaTensor,
+        top_k: usize,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        compressed::indexer_select(self, pool, layer, seqs, q, w, top_k, out)
+    }
+
+    fn compressed_attention(
+        &self,
+        q: &CudaTensor,
+        pool: &CudaCompressedPool,
+        layer: usize,
+        seqs: &[CompressedSeq<'_>],
+        selected: Option<&CudaTensor>,
+        sinks: &CudaWeight,
+        cfg: &CompressedAttentionConfig,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        compressed::attention(self, q, pool, layer, seqs, selected, sinks, cfg, out)
+    }
+
+    fn compressed_read_block(
+        &self,
+        pool: &CudaCompressedPool,
+        block: u32,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
+        compressed::read_block(self, pool, block, out)
+    }
+
+    fn compressed_write_block(
+        &self,
+        pool: &mut CudaCompressedPool,
+        block: u32,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        compressed::write_block(self, pool, block, data)
+    }
+
+    fn window_read(
+        &self,
+        pool: &CudaCompressedPool,
+        window: u32,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
+        compressed::window_read(self, pool, window, out)
+    }
+
+    fn window_write(
+        &self,
+        pool: &mut CudaCompressedPool,
+        window: u32,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        compressed::window_write(self, pool, window, data)
+    }
+
+    fn matmul_grouped(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        groups: usize,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        moe::matmul_grouped(self, w, x, groups, out)
+    }
+
+    fn moe_route(
+        &self,
+        logits: &CudaTensor,
+        bias: Option<&CudaWeight>,
+        hash: Option<(&CudaWeight, &[u32])>,
+        cfg: &RouteConfig,
+        ids: &mut CudaTensor,
+        weights: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        moe::route(self, logits, bias, hash, cfg, ids, weights)
+    }
+
+    fn moe_experts(
+        &self,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        down: &CudaWeight,
+        n_expert: usize,
+        x: &CudaTensor,
+        ids: &CudaTensor,
+        weights: &CudaTensor,
+        clamp: f32,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        moe::experts(self, gate, up, down, n_expert, x, ids, weights, clamp, out)
+    }
+
+    fn swiglu_clamped(&self, gate: &CudaTensor, up: &CudaTensor, clamp: f32, out: &mut CudaTensor) {
+        hyper::swiglu_clamped(self, gate, up, clamp, out).expect("CUDA swiglu_clamped");
     }
 }
