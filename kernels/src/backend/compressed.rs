@@ -81,11 +81,7 @@ pub struct CompressedPoolConfig {
 impl CompressedPoolConfig {
     /// Pooled (attention) rows a block holds for a layer of ratio `r`.
     pub fn rows_per_block(&self, r: usize) -> usize {
-        if r == 0 {
-            0
-        } else {
-            self.block_size / r
-        }
+        self.block_size.checked_div(r).unwrap_or(0)
     }
 
     /// Values of one block: for each layer in order, its pooled rows, then

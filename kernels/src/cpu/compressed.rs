@@ -66,7 +66,7 @@ impl Rows {
         }
     }
 
-    fn from_bytes(&mut self, data: &[u8]) {
+    fn fill_from(&mut self, data: &[u8]) {
         match self {
             Rows::F16(v) => v
                 .iter_mut()
@@ -122,9 +122,9 @@ impl CpuCompressedPool {
         if cfg
             .ratios
             .iter()
-            .any(|&r| r != 0 && cfg.block_size % r != 0)
+            .any(|&r| r != 0 && !cfg.block_size.is_multiple_of(r))
             || cfg.block_size < cfg.window
-            || cfg.block_size % 4 != 0
+            || !cfg.block_size.is_multiple_of(4)
         {
             return Err(shape_err(
                 "compressed_pool",
@@ -464,7 +464,8 @@ pub fn compress(
     };
     let lanes = if r == 4 { 2 } else { 1 };
     let width = lanes * dim;
-    if r == 0 || pc.block_size % r != 0 || (cfg.kind == CompressorKind::Indexer && r != 4) {
+    if r == 0 || !pc.block_size.is_multiple_of(r) || (cfg.kind == CompressorKind::Indexer && r != 4)
+    {
         return Err(shape_err(
             "compress",
             format!("ratio {r} for a {:?} compressor", cfg.kind),
@@ -738,7 +739,7 @@ pub fn compressed_attention(
                 pool.read_raw(s, layer, pp, &mut buf)?;
                 keys.extend_from_slice(&buf);
             }
-            if r > 0 {
+            if let Some(n_vis) = (p + 1).checked_div(r) {
                 let visible: Vec<usize> = match selected {
                     Some(sel) => sel
                         .row(row)
@@ -746,7 +747,7 @@ pub fn compressed_attention(
                         .filter(|&&c| c >= 0.0)
                         .map(|&c| c as usize)
                         .collect(),
-                    None => (0..(p + 1) / r).collect(),
+                    None => (0..n_vis).collect(),
                 };
                 for c in visible {
                     pool.read_pooled(s, layer, r, c, false, &mut buf)?;
@@ -794,7 +795,7 @@ pub fn write_block(pool: &mut CpuCompressedPool, b: u32, data: &[u8]) -> Result<
             format!("{} bytes for a block of {want}", data.len()),
         ));
     }
-    pool.block_mut(b)?.from_bytes(data);
+    pool.block_mut(b)?.fill_from(data);
     Ok(())
 }
 
@@ -840,7 +841,7 @@ pub fn window_write(pool: &mut CpuCompressedPool, w: u32, data: &[u8]) -> Result
     }
     let raw = pool.cfg.window_raw_values() * pool.row_bytes();
     let win = pool.window_mut(w)?;
-    win.raw.from_bytes(&data[..raw]);
+    win.raw.fill_from(&data[..raw]);
     win.carry
         .iter_mut()
         .zip(data[raw..].chunks_exact(4))

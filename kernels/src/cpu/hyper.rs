@@ -341,7 +341,10 @@ pub fn indexer_head(v: &mut [f32]) {
 }
 
 pub fn round_fp8(x: &mut CpuTensor, width: usize, n_round: usize) {
-    assert!(n_round <= width && x.cols % width == 0, "round_fp8: shapes");
+    assert!(
+        n_round <= width && x.cols.is_multiple_of(width),
+        "round_fp8: shapes"
+    );
     x.data
         .par_chunks_mut(width)
         .for_each(|piece| fp8_blocks(piece, n_round));
@@ -349,7 +352,7 @@ pub fn round_fp8(x: &mut CpuTensor, width: usize, n_round: usize) {
 
 pub fn round_indexer(x: &mut CpuTensor, dim: usize) {
     assert!(
-        dim.is_power_of_two() && x.cols % dim == 0,
+        dim.is_power_of_two() && x.cols.is_multiple_of(dim),
         "round_indexer: shapes"
     );
     x.data.par_chunks_mut(dim).for_each(indexer_head);

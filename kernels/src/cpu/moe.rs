@@ -249,7 +249,7 @@ pub fn matmul_grouped(
     matmul: Matmul<'_>,
 ) -> Result<(), BackendError> {
     if groups == 0
-        || w.rows % groups != 0
+        || !w.rows.is_multiple_of(groups)
         || x.cols != groups * w.cols
         || out.cols != w.rows
         || out.rows != x.rows
