@@ -225,6 +225,10 @@ pub trait Backend: Send + Sync + 'static {
 
     // ---- hyper-connections, tail RoPE, activation rounding
 
+    /// The streams of every row at the start: `out[r]` (`[rows, n_hc·d]`)
+    /// is `n_hc` copies of `x[r]` (`[rows, d]`).
+    fn hc_expand(&self, x: &Self::Tensor, n_hc: usize, out: &mut Self::Tensor);
+
     /// Hyper-connection "pre" of every row of `x` (`[rows, n_hc·d]`, the
     /// row's streams one after the other): the mix
     /// `m = mix · (x / sqrt(mean(x²) + norm_eps))` (`mix` is

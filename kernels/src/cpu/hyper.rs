@@ -162,6 +162,15 @@ pub fn hc_pre(
     Ok(())
 }
 
+pub fn hc_expand(x: &CpuTensor, n_hc: usize, out: &mut CpuTensor) {
+    assert!(out.rows == x.rows && out.cols == n_hc * x.cols, "hc_expand: shapes");
+    for (src, dst) in x.data.chunks(x.cols).zip(out.data.chunks_mut(out.cols)) {
+        for stream in dst.chunks_mut(x.cols) {
+            stream.copy_from_slice(src);
+        }
+    }
+}
+
 pub fn hc_post(x: &mut CpuTensor, y: &CpuTensor, split: &CpuTensor, cfg: &HcConfig) {
     let n = cfg.n_hc;
     let d = y.cols;

@@ -355,6 +355,10 @@ impl Backend for CpuBackend {
         hyper::hc_pre(x, mix, scale, base, cfg, out, split, &self.matmul_fn())
     }
 
+    fn hc_expand(&self, x: &CpuTensor, n_hc: usize, out: &mut CpuTensor) {
+        hyper::hc_expand(x, n_hc, out);
+    }
+
     fn hc_post(&self, x: &mut CpuTensor, y: &CpuTensor, split: &CpuTensor, cfg: &HcConfig) {
         hyper::hc_post(x, y, split, cfg);
     }

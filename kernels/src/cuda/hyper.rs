@@ -26,6 +26,15 @@ pub(super) fn hc_pre(
     Err(missing("hc_pre"))
 }
 
+pub(super) fn hc_expand(
+    _be: &CudaBackend,
+    _x: &CudaTensor,
+    _n_hc: usize,
+    _out: &mut CudaTensor,
+) -> Result<(), BackendError> {
+    Err(missing("hc_expand"))
+}
+
 pub(super) fn hc_post(
     _be: &CudaBackend,
     _x: &mut CudaTensor,

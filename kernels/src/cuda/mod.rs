@@ -1103,6 +1103,10 @@ impl Backend for CudaBackend {
         hyper::hc_pre(self, x, mix, scale, base, cfg, out, split)
     }
 
+    fn hc_expand(&self, x: &CudaTensor, n_hc: usize, out: &mut CudaTensor) {
+        hyper::hc_expand(self, x, n_hc, out).expect("CUDA hc_expand");
+    }
+
     fn hc_post(&self, x: &mut CudaTensor, y: &CudaTensor, split: &CudaTensor, cfg: &HcConfig) {
         hyper::hc_post(self, x, y, split, cfg).expect("CUDA hc_post");
     }
