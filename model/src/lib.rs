@@ -7,4 +7,7 @@ pub mod families;
 pub mod gguf;
 pub mod tokenizer;
 
-pub use families::{Family, KvLayout, Logits, Model, ModelError, ModelInfo, PagedInput, Sequence};
+pub use families::{
+    Family, KvLayout, Logits, Model, ModelError, ModelInfo, PagedInput, PoolSizes, Sequence,
+    StateLayout, StatePool,
+};

@@ -135,6 +135,11 @@ impl BlockManager {
             .collect()
     }
 
+    /// Whether `block` is in the prefix index (full and registered).
+    pub fn is_indexed(&self, block: BlockId) -> bool {
+        self.indexed[block as usize].is_some()
+    }
+
     /// Whether a prefix with this hash is resident.
     pub fn contains(&self, hash: &ChainHash) -> bool {
         self.index.contains_key(hash)

@@ -15,14 +15,13 @@ use std::fs::{self, File};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use ds4_kernels::{KvDtype, KvPoolConfig};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::blocks::{chain_hashes, ChainHash};
 
 const MAGIC: &[u8; 8] = b"DS4KVC\0\0";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const EXT: &str = "ds4kv";
 /// Largest header accepted (the token list of a 1M-token prefix fits).
 const MAX_HEADER: u32 = 16 << 20;
@@ -33,31 +32,20 @@ pub struct DiskKey {
     /// The model's identity (layout and sampled content).
     pub model: String,
     pub block_size: usize,
-    pub n_layer: usize,
-    pub kv_dim: usize,
-    pub dtype: String,
+    /// The state layout in words, row dtype included.
+    pub layout: String,
+    pub block_bytes: usize,
+    /// Bytes after the blocks that make the prefix resumable at its end
+    /// (the last block's window block, for compressed-attention layouts);
+    /// 0 for dense layouts, whose files resume at any of their blocks.
+    pub tail_bytes: usize,
 }
 
-impl DiskKey {
-    pub fn block_bytes(&self) -> usize {
-        let dtype = if self.dtype == KvDtype::F16.name() {
-            KvDtype::F16
-        } else {
-            KvDtype::F32
-        };
-        KvPoolConfig {
-            n_layer: self.n_layer,
-            kv_dim: self.kv_dim,
-            block_size: self.block_size,
-            n_blocks: 1,
-        }
-        .block_bytes(dtype)
-    }
-}
-
-/// Receives block `i`'s bytes as a file is read.
+/// Receives block `i`'s bytes as a file is read (`i` = the block count
+/// for the tail).
 pub type BlockSink<'a> = dyn FnMut(usize, &[u8]) -> Result<(), String> + 'a;
-/// Fills block `i`'s bytes as a file is written.
+/// Fills block `i`'s bytes as a file is written (`i` = the block count
+/// for the tail).
 pub type BlockSource<'a> = dyn FnMut(usize, &mut [u8]) -> Result<(), String> + 'a;
 
 #[derive(Serialize, Deserialize)]
@@ -179,17 +167,22 @@ impl DiskCache {
         self.prefixes.contains_key(hash)
     }
 
-    /// The longest prefix of `hashes` some file holds: `(blocks, file)`.
+    /// The longest prefix of `hashes` some file can resume: `(blocks,
+    /// file)`. With a tail, only a whole file resumes (at its end).
     pub fn longest(&self, hashes: &[ChainHash]) -> Option<(usize, ChainHash)> {
-        hashes
-            .iter()
-            .enumerate()
-            .rev()
-            .find_map(|(i, h)| self.prefixes.get(h).map(|&(file, _)| (i + 1, file)))
+        let whole = self.key.tail_bytes > 0;
+        hashes.iter().enumerate().rev().find_map(|(i, h)| {
+            if whole {
+                self.files.contains_key(h).then_some((i + 1, *h))
+            } else {
+                self.prefixes.get(h).map(|&(file, _)| (i + 1, file))
+            }
+        })
     }
 
     /// Read the first `blocks` blocks of `file`, handing each to `on_block`
-    /// (index, bytes) as it is read; the checksum is verified at the end.
+    /// (index, bytes) as it is read, then its tail when it has one and
+    /// `blocks` is all of it; the checksum is verified at the end.
     /// A file that fails is dropped from the index and deleted; the blocks
     /// already handed over must then be discarded by the caller.
     pub fn load(
@@ -215,7 +208,7 @@ impl DiskCache {
     }
 
     /// Write the prefix `tokens` (whole blocks) to a file unless one holds
-    /// it already; `read_block` fills block `i`'s bytes. Older files are
+    /// it already; `read_block` fills block `i`'s bytes (and the tail). Older files are
     /// evicted to stay within the budget; a prefix larger than the whole
     /// budget is not written. Returns whether a file was written.
     pub fn store(
@@ -236,8 +229,9 @@ impl DiskCache {
             tokens: tokens.to_vec(),
         })
         .expect("header serializes");
-        let block_bytes = self.key.block_bytes();
-        let bytes = (8 + 4 + 4 + header.len() + hashes.len() * block_bytes + 32) as u64;
+        let block_bytes = self.key.block_bytes;
+        let tail = self.key.tail_bytes;
+        let bytes = (8 + 4 + 4 + header.len() + hashes.len() * block_bytes + tail + 32) as u64;
         if bytes > self.budget {
             return Ok(false);
         }
@@ -259,6 +253,14 @@ impl DiskCache {
             let mut buf = vec![0u8; block_bytes];
             for i in 0..hashes.len() {
                 read_block(i, &mut buf).map_err(|problem| DiskError::Invalid {
+                    path: tmp.clone(),
+                    problem,
+                })?;
+                put(&mut w, &buf)?;
+            }
+            if tail > 0 {
+                buf.resize(tail, 0);
+                read_block(hashes.len(), &mut buf).map_err(|problem| DiskError::Invalid {
                     path: tmp.clone(),
                     problem,
                 })?;
@@ -301,10 +303,13 @@ impl DiskCache {
             return Err(Skip::Foreign(DiskError::Invalid {
                 path: path.into(),
                 problem: format!(
-                "written for another model or KV layout ({} / {} tokens per block / {} layers / kv_dim {} / {}); this worker serves {}",
-                short(&header.key.model), header.key.block_size, header.key.n_layer, header.key.kv_dim, header.key.dtype,
-                short(&self.key.model)
-            ),
+                    "written for another model or state layout ({} / {} tokens per block / {}); this worker serves {} / {}",
+                    short(&header.key.model),
+                    header.key.block_size,
+                    header.key.layout,
+                    short(&self.key.model),
+                    self.key.layout
+                ),
             }));
         }
         let bs = self.key.block_size;
@@ -314,7 +319,7 @@ impl DiskCache {
                 header.tokens.len()
             )));
         }
-        let body = (header.tokens.len() / bs * self.key.block_bytes()) as u64;
+        let body = (header.tokens.len() / bs * self.key.block_bytes + self.key.tail_bytes) as u64;
         let expected = 16 + json.len() as u64 + body + 32;
         if len != expected {
             return Err(bad(format!(
@@ -459,13 +464,22 @@ fn read_blocks(
     sha.update(VERSION.to_le_bytes());
     sha.update((json.len() as u32).to_le_bytes());
     sha.update(&json);
-    let mut buf = vec![0u8; key.block_bytes()];
+    let mut buf = vec![0u8; key.block_bytes];
     for i in 0..total {
         r.read_exact(&mut buf)
             .map_err(|e| bad(format!("block {i}: {e}")))?;
         sha.update(&buf);
         if i < blocks {
             on_block(i, &buf).map_err(|e| bad(format!("block {i}: {e}")))?;
+        }
+    }
+    if key.tail_bytes > 0 {
+        buf.resize(key.tail_bytes, 0);
+        r.read_exact(&mut buf)
+            .map_err(|e| bad(format!("window block: {e}")))?;
+        sha.update(&buf);
+        if blocks == total {
+            on_block(total, &buf).map_err(|e| bad(format!("window block: {e}")))?;
         }
     }
     let mut trailer = [0u8; 32];

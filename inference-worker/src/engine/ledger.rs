@@ -1,8 +1,10 @@
 //! The memory ledger: one budget for everything the engine allocates per
 //! request (KV blocks) or per step (activation scratch, disk-cache reads).
 //!
-//! Fixed charges (scratch for the largest step, the disk read buffer) are
-//! taken first; what remains is the KV pool, in whole blocks. Each request
+//! Fixed charges (scratch for the largest step, the disk read buffer, the
+//! window blocks and frontier slots of the running sequences of
+//! compressed-attention families) are taken first; what remains is the KV
+//! pool, in whole blocks. Each request
 //! reserves, when it is submitted, the blocks its prompt plus `max_tokens`
 //! can fill; it is refused (retryably) when the reservations of the
 //! requests already admitted leave too little. Idle cached prefixes do not
@@ -37,6 +39,8 @@ pub struct LedgerView {
     pub budget_bytes: u64,
     pub scratch_bytes: u64,
     pub disk_buffer_bytes: u64,
+    /// Window blocks and frontier slots (compressed-attention families).
+    pub sequence_bytes: u64,
     pub kv_block_bytes: u64,
     pub kv_blocks: usize,
     pub reserved_blocks: usize,
@@ -56,11 +60,12 @@ impl Ledger {
         budget: u64,
         scratch: u64,
         disk_buffer: u64,
+        sequences: u64,
         block_bytes: u64,
         block_size: usize,
         ctx: usize,
     ) -> Result<Ledger, LedgerError> {
-        let fixed = scratch + disk_buffer;
+        let fixed = scratch + disk_buffer + sequences;
         let per_request = ctx.div_ceil(block_size) as u64 * block_bytes;
         if budget < fixed + per_request {
             let mb = |b: u64| b.div_ceil(1 << 20);
@@ -76,6 +81,7 @@ impl Ledger {
                 budget_bytes: budget,
                 scratch_bytes: scratch,
                 disk_buffer_bytes: disk_buffer,
+                sequence_bytes: sequences,
                 kv_block_bytes: block_bytes,
                 kv_blocks: ((budget - fixed) / block_bytes) as usize,
                 reserved_blocks: 0,
@@ -122,17 +128,19 @@ mod tests {
 
     #[test]
     fn fixed_charges_come_first_and_the_rest_is_whole_blocks() {
-        let l = Ledger::new(1000, 100, 50, 100, 16, 32).unwrap();
+        let l = Ledger::new(1000, 100, 50, 0, 100, 16, 32).unwrap();
         assert_eq!(l.view().kv_blocks, 8);
+        let l = Ledger::new(1000, 100, 50, 200, 100, 16, 32).unwrap();
+        assert_eq!(l.view().kv_blocks, 6);
         assert!(matches!(
-            Ledger::new(300, 100, 50, 100, 16, 32),
+            Ledger::new(300, 100, 50, 0, 100, 16, 32),
             Err(LedgerError::TooSmall { .. })
         ));
     }
 
     #[test]
     fn reservations_never_exceed_the_pool() {
-        let mut l = Ledger::new(1000, 0, 0, 100, 16, 32).unwrap();
+        let mut l = Ledger::new(1000, 0, 0, 0, 100, 16, 32).unwrap();
         assert_eq!(l.blocks_for(33), 3);
         l.reserve(6).unwrap();
         let r = l.reserve(5).unwrap_err();

@@ -8,13 +8,17 @@
 //! stops at its next step.
 //!
 //! Files: [`blocks`] (block pool bookkeeping and the prefix index),
+//! [`windows`] (window blocks of compressed-attention families),
 //! [`ledger`] (memory budget and admission), [`disk`] (disk KV cache),
-//! [`scheduler`] (the loop).
+//! `paged` (a sequence's share of the pool: prefix reuse, allocation,
+//! checkpoints), `scheduler` (the loop).
 
 pub mod blocks;
 pub mod disk;
 pub mod ledger;
+mod paged;
 mod scheduler;
+pub mod windows;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Instant;
 
-use ds4_kernels::{Backend, KvPoolConfig};
+use ds4_kernels::Backend;
+use ds4_model::{PoolSizes, StateLayout};
 use tokio::sync::mpsc;
 
 use crate::generate::{GenerateError, GenerateRequest, Generation, StreamOptions, TokenLogprobs};
@@ -31,7 +36,7 @@ use crate::runtime::LoadedModel;
 use blocks::BlockManager;
 use disk::{DiskCache, DiskKey};
 use ledger::{Ledger, LedgerError, LedgerView, Refusal};
-pub use scheduler::{checkpoint_len, DISK_MIN_TOKENS, DISK_TRIM_TOKENS};
+pub use paged::{checkpoint_len, DISK_MIN_TOKENS, DISK_TRIM_TOKENS};
 
 /// Requests allowed to wait for a sequence slot before new ones are refused.
 pub const QUEUE_DEPTH: usize = 256;
@@ -221,6 +226,12 @@ where
     B::KvPool: 'static,
     B::Weight: 'static,
 {
+    let layout = lm.model.state_layout();
+    let mut cfg = cfg;
+    if let Some(bs) = layout.block_size() {
+        // The family fixes its block size.
+        cfg.block_size = bs;
+    }
     if cfg.block_size == 0 || cfg.max_seqs == 0 || cfg.batch_tokens == 0 {
         return Err(EngineError::Settings(
             "block size, --max-seqs and --batch-tokens must be at least 1".into(),
@@ -228,26 +239,38 @@ where
     }
     if cfg.prefill_chunk == 0 || !cfg.prefill_chunk.is_multiple_of(cfg.block_size) {
         return Err(EngineError::Settings(format!(
-            "--prefill-chunk must be a positive multiple of the KV block size ({})",
-            cfg.block_size
+            "--prefill-chunk must be a positive multiple of the KV block size ({}{})",
+            cfg.block_size,
+            if layout.block_size().is_some() {
+                ", fixed by the model's family"
+            } else {
+                ""
+            }
         )));
     }
-    let layout = lm.model.kv_layout();
-    let block_bytes = match layout {
-        Some(l) => KvPoolConfig {
-            n_layer: l.n_layer,
-            kv_dim: l.kv_dim,
-            block_size: cfg.block_size,
-            n_blocks: 1,
-        }
-        .block_bytes(lm.backend.kv_pool_dtype()) as u64,
-        None => (lm.model.state_bytes_per_token() * cfg.block_size) as u64,
+    let block_bytes = layout.block_bytes(&lm.backend, cfg.block_size) as u64;
+    let window_bytes = layout.window_bytes() as u64;
+    // Window blocks: what every running sequence holds during a prefill
+    // chunk, plus one per sequence kept as a resume point.
+    let n_windows = match layout.has_windows() {
+        true => cfg.max_seqs * (layout.windows_per_sequence(cfg.prefill_chunk) + 1),
+        false => 0,
     };
+    let n_slots = if layout.has_windows() {
+        cfg.max_seqs
+    } else {
+        0
+    };
+    let sequences = n_windows as u64 * window_bytes + (n_slots * layout.slot_bytes()) as u64;
     let scratch = lm
         .model
         .scratch_bytes(cfg.batch_tokens, cfg.max_seqs, cfg.ctx) as u64;
-    let disk_buffer = if cfg.disk.is_some() { block_bytes } else { 0 };
-    let fixed = scratch + disk_buffer;
+    let disk_buffer = if cfg.disk.is_some() {
+        block_bytes + window_bytes
+    } else {
+        0
+    };
+    let fixed = scratch + disk_buffer + sequences;
     let budget = cfg.memory_bytes.unwrap_or_else(|| {
         let want = fixed + (cfg.max_seqs * cfg.ctx.div_ceil(cfg.block_size)) as u64 * block_bytes;
         // KV blocks and scratch live where the backend allocates: a GPU's
@@ -259,55 +282,59 @@ where
         budget,
         scratch,
         disk_buffer,
+        sequences,
         block_bytes,
         cfg.block_size,
         cfg.ctx,
     )?;
     let view = ledger.view();
-    let kv = match layout {
-        Some(l) => {
-            let pool = lm
-                .model
-                .kv_pool(&lm.backend, cfg.block_size, view.kv_blocks)?;
-            let disk = match &cfg.disk {
-                Some((dir, bytes)) => {
-                    let dtype = lm.backend.kv_dtype(&pool);
-                    let key = DiskKey {
-                        model: lm.kv_identity.clone(),
-                        block_size: cfg.block_size,
-                        n_layer: l.n_layer,
-                        kv_dim: l.kv_dim,
-                        dtype: dtype.name().into(),
-                    };
-                    Some(DiskCache::open(dir, *bytes, key)?)
-                }
-                None => None,
+    let pool = lm.model.state_pool(
+        &lm.backend,
+        PoolSizes {
+            block_size: cfg.block_size,
+            n_blocks: view.kv_blocks,
+            n_window_blocks: n_windows,
+            n_slots,
+        },
+    )?;
+    let disk = match &cfg.disk {
+        Some((dir, bytes)) => {
+            let key = DiskKey {
+                model: lm.kv_identity.clone(),
+                block_size: cfg.block_size,
+                layout: layout.describe(&lm.backend),
+                block_bytes: block_bytes as usize,
+                tail_bytes: window_bytes as usize,
             };
-            Some(scheduler::PagedKv {
-                pool,
-                blocks: BlockManager::new(view.kv_blocks, cfg.block_size),
-                disk,
-            })
+            Some(DiskCache::open(dir, *bytes, key)?)
         }
-        None => {
-            if cfg.disk.is_some() {
-                tracing::warn!(
-                    family = lm.model.info().family.name(),
-                    "the disk KV cache holds paged KV blocks; this family's state is not paged, so it is off"
-                );
-            }
-            None
-        }
+        None => None,
+    };
+    let windows = match &layout {
+        StateLayout::Compressed(c) => Some(paged::Windows {
+            manager: windows::WindowManager::new(n_windows),
+            slots: (0..n_slots as u32).rev().collect(),
+            len: c.window,
+        }),
+        StateLayout::Kv(_) => None,
+    };
+    let kv = paged::PagedKv {
+        pool,
+        blocks: BlockManager::new(view.kv_blocks, cfg.block_size),
+        windows,
+        disk,
     };
     tracing::info!(
         budget_mb = view.budget_bytes >> 20,
         scratch_mb = view.scratch_bytes >> 20,
+        sequence_mb = view.sequence_bytes >> 20,
         kv_blocks = view.kv_blocks,
         kv_tokens = view.kv_blocks * cfg.block_size,
         block_kb = view.kv_block_bytes >> 10,
+        window_blocks = n_windows,
         max_seqs = cfg.max_seqs,
         batch_tokens = cfg.batch_tokens,
-        paged = kv.is_some(),
+        layout = layout.describe(&lm.backend),
         "KV memory planned"
     );
     metrics

@@ -12,9 +12,9 @@
 //! `forward`, `sample`, `retire`); what concerns one request is logged
 //! inside that request's span (its `request_id`).
 //!
-//! Families whose state is not paged (DeepSeek V4) run each sequence in
-//! its own state, one forward call per sequence per step; a finished
-//! conversation's state is kept and reused when a prompt extends it.
+//! Every family runs through this one path; the paged state a sequence
+//! holds (blocks, and for compressed-attention families window blocks and
+//! a frontier slot) is managed in [`super::paged`].
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -23,13 +23,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ds4_kernels::Backend;
-use ds4_model::{Logits, ModelError, PagedInput, Sequence};
+use ds4_model::{Logits, ModelError, PagedInput};
 use tokio::sync::mpsc;
 use tracing::debug_span;
 
-use super::blocks::{chain_hash, chain_hashes, BlockId, BlockManager, ChainHash};
-use super::disk::DiskCache;
 use super::ledger::Ledger;
+use super::paged::{checkpoint_len, PagedKv, SeqState, DISK_MIN_TOKENS};
 use super::{EngineConfig, Event, Job, Msg};
 use crate::generate::{
     Decoding, FinishReason, GenerateError, Generation, Next, Timings, TokenStep,
@@ -37,36 +36,14 @@ use crate::generate::{
 use crate::metrics::Metrics;
 use crate::runtime::LoadedModel;
 
-/// Shortest prefix worth a disk checkpoint, in tokens.
-pub const DISK_MIN_TOKENS: usize = 512;
-/// Prompt tokens left out of a prefill checkpoint (the tail of a chat
-/// prompt, e.g. the generation prompt, changes from turn to turn).
-pub const DISK_TRIM_TOKENS: usize = 32;
-
-/// The paged KV pool and its bookkeeping.
-pub(super) struct PagedKv<B: Backend> {
-    pub pool: B::KvPool,
-    pub blocks: BlockManager,
-    pub disk: Option<DiskCache>,
-}
-
-enum State<B: Backend> {
-    Paged {
-        blocks: Vec<BlockId>,
-        /// Hashes of the full blocks so far.
-        hashes: Vec<ChainHash>,
-    },
-    Own(Sequence<B>),
-}
-
-struct Live<'m, B: Backend> {
+struct Live<'m> {
     job: Job,
     /// The prompt, then every token fed back.
     tokens: Vec<u32>,
     prompt_len: usize,
     /// Positions whose state is computed.
     computed: usize,
-    state: State<B>,
+    state: SeqState,
     decoding: Decoding<'m>,
     timings: Timings,
     admitted: Instant,
@@ -87,10 +64,8 @@ pub(super) struct Scheduler<'m, B: Backend> {
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
     ledger: Arc<Mutex<Ledger>>,
-    kv: Option<PagedKv<B>>,
-    /// Finished sequences of unpaged families, newest last.
-    idle: Vec<Sequence<B>>,
-    live: Vec<Live<'m, B>>,
+    kv: PagedKv<B>,
+    live: Vec<Live<'m>>,
     waiting: VecDeque<Job>,
     /// Submitted requests not yet admitted (shared with the handles).
     queued: Arc<AtomicUsize>,
@@ -102,7 +77,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         cfg: EngineConfig,
         metrics: Arc<Metrics>,
         ledger: Arc<Mutex<Ledger>>,
-        kv: Option<PagedKv<B>>,
+        kv: PagedKv<B>,
         queued: Arc<AtomicUsize>,
     ) -> Self {
         Scheduler {
@@ -111,7 +86,6 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             metrics,
             ledger,
             kv,
-            idle: Vec::new(),
             live: Vec::new(),
             waiting: VecDeque::new(),
             queued,
@@ -149,7 +123,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             self.step();
             debug_span!("retire").in_scope(|| self.retire());
         }
-        self.checkpoint_idle();
+        self.kv.checkpoint_idle(self.lm);
         tracing::info!("engine stopped");
     }
 
@@ -175,29 +149,31 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 self.ledger.lock().expect("ledger").release(job.reserved);
                 continue;
             }
-            let live = self.start(job);
-            self.live.push(live);
+            if let Some(live) = self.start(job) {
+                self.live.push(live);
+            }
         }
         self.metrics.active_sequences.set(self.live.len() as i64);
     }
 
-    /// A new live sequence for `job`, with the longest cached prefix.
-    fn start(&mut self, job: Job) -> Live<'m, B> {
+    /// A new live sequence for `job`, with the longest cached prefix;
+    /// `None` (the request failed) when its state could not be started.
+    fn start(&mut self, job: Job) -> Option<Live<'m>> {
         let span = job.span.clone();
         let _in = span.enter();
         let prompt = job.req.prompt.clone();
-        let (state, cached) = match &mut self.kv {
-            Some(kv) => {
-                let (blocks, hashes) = reuse_prefix(self.lm, kv, &prompt);
-                let cached = blocks.len() * kv.blocks.block_size();
-                (State::Paged { blocks, hashes }, cached)
-            }
-            None => {
-                let seq = self.idle_sequence(&prompt);
-                let cached = seq.tokens().len();
-                (State::Own(seq), cached)
+        let state = match self.kv.start(self.lm, &prompt, self.cfg.prefill_chunk) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "request failed: its state could not be started");
+                self.ledger.lock().expect("ledger").release(job.reserved);
+                let _ = job
+                    .events
+                    .send(Event::Failed(GenerateError::BatchFailed(e)));
+                return None;
             }
         };
+        let cached = state.blocks.len() * self.kv.block_size();
         let decoding = Decoding::new(&self.lm.chat.tokenizer, &job.req, job.opts);
         let timings = Timings {
             prompt_tokens: prompt.len(),
@@ -210,7 +186,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             queued_ms = format!("{:.1}", job.submitted.elapsed().as_secs_f64() * 1e3),
             "admitted"
         );
-        Live {
+        Some(Live {
             prompt_len: prompt.len(),
             tokens: prompt,
             computed: cached,
@@ -221,27 +197,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             first_token: None,
             done: false,
             job,
-        }
-    }
-
-    /// For unpaged families: an idle sequence whose tokens the prompt
-    /// extends (leaving one prompt token to run), or a fresh one.
-    fn idle_sequence(&mut self, prompt: &[u32]) -> Sequence<B> {
-        let best = self
-            .idle
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.tokens().len() < prompt.len() && prompt.starts_with(s.tokens()))
-            .max_by_key(|(_, s)| s.tokens().len())
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => self.idle.remove(i),
-            None => self
-                .lm
-                .model
-                .new_sequence(&self.lm.backend, self.cfg.ctx)
-                .expect("unpaged families create sequences without a pool"),
-        }
+        })
     }
 
     /// The parts of the next step: one token of every decoding sequence,
@@ -287,10 +243,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         let rows: usize = parts.iter().map(|p| p.n).sum();
         let span = debug_span!("forward", sequences = parts.len(), rows);
-        let result = span.in_scope(|| match self.kv.is_some() {
-            true => self.forward_paged(&parts),
-            false => self.forward_own(&parts),
-        });
+        let result = span.in_scope(|| self.forward_paged(&parts));
         match result {
             Ok(logits) => {
                 let _sample = debug_span!("sample").entered();
@@ -314,52 +267,36 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     }
 
     fn forward_paged(&mut self, parts: &[Part]) -> Result<Vec<Vec<f32>>, ModelError> {
-        let kv = self.kv.as_mut().expect("paged");
-        // Blocks for every position this step writes.
+        // Blocks and window blocks for every position this step reads or
+        // writes.
         for part in parts {
-            let State::Paged { blocks, .. } = &mut self.live[part.live].state else {
-                unreachable!("paged families have paged sequences")
-            };
-            let need = (part.start + part.n).div_ceil(kv.blocks.block_size());
-            while blocks.len() < need {
-                blocks.push(allocate(self.lm, kv));
-            }
+            let l = &mut self.live[part.live];
+            self.kv
+                .prepare(self.lm, &mut l.state, part.start, part.n)
+                .map_err(|detail| {
+                    ModelError::Backend(ds4_kernels::BackendError::Shape {
+                        op: "engine step",
+                        detail,
+                    })
+                })?;
         }
         let inputs: Vec<PagedInput<'_>> = parts
             .iter()
             .map(|p| {
                 let l = &self.live[p.live];
-                let State::Paged { blocks, .. } = &l.state else {
-                    unreachable!("paged families have paged sequences")
-                };
                 PagedInput {
                     tokens: &l.tokens[p.start..p.start + p.n],
                     pos: p.start,
-                    blocks,
+                    blocks: &l.state.blocks,
+                    window: &l.state.window,
+                    slot: l.state.slot.unwrap_or(0),
                     logits: p.logits.then_some(Logits::Last),
                 }
             })
             .collect();
         self.lm
             .model
-            .forward_paged(&self.lm.backend, &mut kv.pool, &inputs)
-    }
-
-    fn forward_own(&mut self, parts: &[Part]) -> Result<Vec<Vec<f32>>, ModelError> {
-        let mut out = Vec::with_capacity(parts.len());
-        for p in parts {
-            let l = &mut self.live[p.live];
-            let State::Own(seq) = &mut l.state else {
-                unreachable!("unpaged families own their sequences")
-            };
-            let tokens = &l.tokens[p.start..p.start + p.n];
-            let logits = self
-                .lm
-                .model
-                .forward(&self.lm.backend, seq, tokens, Logits::Last)?;
-            out.push(if p.logits { logits } else { Vec::new() });
-        }
-        Ok(out)
+            .forward_paged(&self.lm.backend, &mut self.kv.pool, &inputs)
     }
 
     /// Account a part's computed positions; sample when it produced logits.
@@ -368,18 +305,19 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         let l = &mut self.live[part.live];
         let _in = l.job.span.clone().entered();
         l.computed += part.n;
-        if let (Some(kv), State::Paged { blocks, hashes }) = (&mut self.kv, &mut l.state) {
-            register_full_blocks(kv, &l.tokens[..l.computed], blocks, hashes);
-        }
+        self.kv
+            .register_full_blocks(&mut l.state, &l.tokens[..l.computed]);
         if part.logits && l.computed == l.prompt_len && l.timings.cached_tokens < l.prompt_len {
             let cold = l.prompt_len - l.timings.cached_tokens;
             if cold >= DISK_MIN_TOKENS {
-                if let (Some(kv), State::Paged { blocks, .. }) = (&mut self.kv, &l.state) {
-                    let keep = checkpoint_len(l.prompt_len, self.cfg.prefill_chunk);
-                    checkpoint(self.lm, kv, &l.tokens[..keep], blocks);
-                }
+                let keep = checkpoint_len(l.prompt_len, self.cfg.prefill_chunk);
+                let n = keep / self.kv.block_size();
+                let tail = self.kv.tail_window(&l.state, n);
+                self.kv
+                    .checkpoint(self.lm, &l.tokens[..keep], &l.state.blocks[..n], tail);
             }
         }
+        self.kv.advance_windows(&mut l.state, l.computed);
         if !part.logits {
             return;
         }
@@ -416,14 +354,12 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         self.metrics.active_sequences.set(self.live.len() as i64);
         let used: usize = self.live.iter().map(|l| l.computed).sum();
         self.metrics.kv_tokens_used.set(used as i64);
-        if let Some(kv) = &self.kv {
-            let c = kv.blocks.counts();
-            self.metrics.kv_blocks_used.set(c.used as i64);
-            self.metrics.kv_blocks_cached.set(c.cached as i64);
-        }
+        let c = self.kv.blocks.counts();
+        self.metrics.kv_blocks_used.set(c.used as i64);
+        self.metrics.kv_blocks_cached.set(c.cached as i64);
     }
 
-    fn finish(&mut self, mut l: Live<'m, B>) {
+    fn finish(&mut self, mut l: Live<'m>) {
         let _in = l.job.span.clone().entered();
         l.timings.decode_ms = l
             .first_token
@@ -431,186 +367,10 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         let events = l.job.events.clone();
         let mut on_step = |s: &TokenStep<'_>| send_step(&events, s);
         let g = l.decoding.finish(l.timings, &mut on_step);
-        match l.state {
-            State::Paged { blocks, .. } => {
-                let kv = self.kv.as_mut().expect("paged");
-                kv.blocks.release(&blocks);
-            }
-            State::Own(seq) => {
-                self.idle.push(seq);
-                if self.idle.len() > self.cfg.max_seqs {
-                    self.idle.remove(0);
-                }
-            }
-        }
+        self.kv.finish(l.state, l.computed);
         self.ledger.lock().expect("ledger").release(l.job.reserved);
         record(&self.metrics, &g);
         let _ = l.job.events.send(Event::Done(g));
-    }
-
-    /// On shutdown: write every cached prefix long enough to disk.
-    fn checkpoint_idle(&mut self) {
-        let Some(kv) = &mut self.kv else { return };
-        if kv.disk.is_none() {
-            return;
-        }
-        let bs = kv.blocks.block_size();
-        let mut written = 0;
-        for end in kv.blocks.idle_chain_ends() {
-            if end.depth * bs < DISK_MIN_TOKENS {
-                continue;
-            }
-            let chain = kv.blocks.chain(end.block);
-            if let Some(tokens) = kv.blocks.chain_tokens(&chain) {
-                written += usize::from(checkpoint(self.lm, kv, &tokens, &chain));
-            }
-        }
-        if written > 0 {
-            tracing::info!(
-                files = written,
-                "disk KV cache: cached prefixes written at shutdown"
-            );
-        }
-    }
-}
-
-/// Acquire the longest cached prefix of `prompt` (memory, then disk),
-/// leaving at least the last prompt token to run.
-fn reuse_prefix<B: Backend>(
-    lm: &LoadedModel<B>,
-    kv: &mut PagedKv<B>,
-    prompt: &[u32],
-) -> (Vec<BlockId>, Vec<ChainHash>) {
-    let bs = kv.blocks.block_size();
-    let mut hashes = chain_hashes(prompt, bs);
-    hashes.truncate((prompt.len() - 1) / bs);
-    let mut blocks = kv.blocks.lookup(&hashes);
-    for &b in &blocks {
-        kv.blocks.acquire(b);
-    }
-    if let Some(disk) = &mut kv.disk {
-        if let Some((depth, file)) = disk.longest(&hashes) {
-            if depth > blocks.len() {
-                let have = blocks.len();
-                let mut fresh = Vec::new();
-                let t0 = Instant::now();
-                let pool = &mut kv.pool;
-                let mgr = &mut kv.blocks;
-                let mut on_block = |i: usize, bytes: &[u8]| -> Result<(), String> {
-                    if i < have {
-                        return Ok(());
-                    }
-                    let (b, _) = mgr.allocate().ok_or("no KV block for a restored prefix")?;
-                    fresh.push(b);
-                    lm.backend
-                        .kv_write_block(pool, b, bytes)
-                        .map_err(|e| e.to_string())
-                };
-                match disk.load(&file, depth, &mut on_block) {
-                    Ok(()) => {
-                        for (i, &b) in fresh.iter().enumerate() {
-                            let parent = blocks.last().copied();
-                            let at = (have + i) * bs;
-                            kv.blocks
-                                .register(b, parent, hashes[have + i], &prompt[at..at + bs]);
-                            blocks.push(b);
-                        }
-                        tracing::info!(
-                            tokens = depth * bs,
-                            ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3),
-                            "disk KV cache: prefix restored"
-                        );
-                    }
-                    Err(_) => kv.blocks.release(&fresh),
-                }
-            }
-        }
-    }
-    hashes.truncate(blocks.len());
-    (blocks, hashes)
-}
-
-/// A block to write, checkpointing the prefix an eviction would lose.
-fn allocate<B: Backend>(lm: &LoadedModel<B>, kv: &mut PagedKv<B>) -> BlockId {
-    if let Some(ev) = kv.blocks.next_eviction() {
-        let bs = kv.blocks.block_size();
-        let on_disk = kv.disk.as_ref().map(|d| d.contains(&ev.hash));
-        if on_disk == Some(false) && ev.depth * bs >= DISK_MIN_TOKENS {
-            let chain = kv.blocks.chain(ev.block);
-            if let Some(tokens) = kv.blocks.chain_tokens(&chain) {
-                checkpoint(lm, kv, &tokens, &chain);
-            }
-        }
-    }
-    let (b, _) = kv
-        .blocks
-        .allocate()
-        .expect("the ledger reserves every block an admitted request writes");
-    b
-}
-
-/// Index the blocks of `blocks` that `tokens` (the computed positions) fill.
-fn register_full_blocks<B: Backend>(
-    kv: &mut PagedKv<B>,
-    tokens: &[u32],
-    blocks: &[BlockId],
-    hashes: &mut Vec<ChainHash>,
-) {
-    let bs = kv.blocks.block_size();
-    while (hashes.len() + 1) * bs <= tokens.len() {
-        let i = hashes.len();
-        let h = chain_hash(hashes.last(), &tokens[i * bs..(i + 1) * bs]);
-        let parent = i.checked_sub(1).map(|p| blocks[p]);
-        kv.blocks
-            .register(blocks[i], parent, h, &tokens[i * bs..(i + 1) * bs]);
-        hashes.push(h);
-    }
-}
-
-/// How much of a cold prompt to checkpoint: trimmed at the tail, aligned
-/// down to the prefill chunk.
-pub fn checkpoint_len(prompt_len: usize, chunk: usize) -> usize {
-    let trimmed = prompt_len.saturating_sub(DISK_TRIM_TOKENS);
-    trimmed / chunk * chunk
-}
-
-/// Write the prefix `tokens` held in `blocks` to the disk cache; returns
-/// whether a file was written.
-fn checkpoint<B: Backend>(
-    lm: &LoadedModel<B>,
-    kv: &mut PagedKv<B>,
-    tokens: &[u32],
-    blocks: &[BlockId],
-) -> bool {
-    let bs = kv.blocks.block_size();
-    let n = tokens.len() / bs;
-    if n == 0 || n * bs < DISK_MIN_TOKENS {
-        return false;
-    }
-    let Some(disk) = &mut kv.disk else {
-        return false;
-    };
-    let pool = &kv.pool;
-    let t0 = Instant::now();
-    let mut read = |i: usize, out: &mut [u8]| {
-        lm.backend
-            .kv_read_block(pool, blocks[i], out)
-            .map_err(|e| e.to_string())
-    };
-    match disk.store(&tokens[..n * bs], &mut read) {
-        Ok(true) => {
-            tracing::info!(
-                tokens = n * bs,
-                ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3),
-                "disk KV cache: prefix written"
-            );
-            true
-        }
-        Ok(false) => false,
-        Err(e) => {
-            tracing::warn!(error = %e, "disk KV cache: prefix not written");
-            false
-        }
     }
 }
 

@@ -163,7 +163,10 @@ pub fn hc_pre(
 }
 
 pub fn hc_expand(x: &CpuTensor, n_hc: usize, out: &mut CpuTensor) {
-    assert!(out.rows == x.rows && out.cols == n_hc * x.cols, "hc_expand: shapes");
+    assert!(
+        out.rows == x.rows && out.cols == n_hc * x.cols,
+        "hc_expand: shapes"
+    );
     for (src, dst) in x.data.chunks(x.cols).zip(out.data.chunks_mut(out.cols)) {
         for stream in dst.chunks_mut(x.cols) {
             stream.copy_from_slice(src);

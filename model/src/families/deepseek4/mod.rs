@@ -11,35 +11,32 @@
 //! `model/tests/deepseek4_oracle.rs`).
 //!
 //! Files in forward-pass order: [`hparams`] (keys and the tensor
-//! contract), [`weights`] (binder), [`hc`] (hyper-connections),
-//! [`rope`], [`numerics`] (FP8/FP4/F16 activation rounding),
-//! [`compressor`], [`indexer`], [`attention`], [`moe`], [`state`],
-//! [`forward`].
+//! contract), [`weights`] (binder), [`rope`] (frequencies),
+//! [`numerics`] (which activation roundings apply), `forward` (the pass
+//! over a batch of sequences).
 //!
-//! Projections go through `Backend::matmul` (quantization stays a property
-//! of each tensor); the per-token mechanisms (hyper-connection mixing,
-//! compressors, indexer scores, attention with sinks, routing) run on
-//! host vectors and are the reference a device backend will be checked
-//! against when they become backend ops.
+//! Every step is a `Backend` op, so the pass runs where the backend
+//! computes (the CPU reference or the GPU), from embedding to logits:
+//! projections through `matmul` (quantization stays a property of each
+//! tensor), the hyper-connections, compressors, lightning indexer,
+//! attention with sinks and routed experts through the ops named for
+//! them. The state lives in the backend's compressed-attention pool:
+//! pooled rows in blocks shared by prefix, raw rows in window blocks,
+//! compressor frontiers in a slot per sequence
+//! (`docs/design/deepseek4-state.md`).
 
-pub mod attention;
-pub mod compressor;
 mod forward;
-pub mod hc;
 pub mod hparams;
-pub mod indexer;
-pub mod moe;
 pub mod numerics;
 pub mod rope;
-pub mod state;
 mod weights;
 
 use std::sync::Arc;
 
-use ds4_kernels::{Backend, Numerics};
+use ds4_kernels::{Backend, Numerics, TailRope};
 
 use super::{
-    Dims, FamilyDef, FamilyModel, KvLayout, Logits, ModelError, PagedInput, PrivateState,
+    CompressedLayout, Dims, FamilyDef, FamilyModel, ModelError, PagedInput, StateLayout, StatePool,
     TensorSource,
 };
 use crate::chat::deepseek4::Ds4Chat;
@@ -47,9 +44,12 @@ use crate::chat::{ChatProtocol, PromptError};
 use crate::gguf::Metadata;
 pub use hparams::{Ds4HParams, REQUIRED_KEYS};
 pub use numerics::Ds4Numerics;
-use rope::Rope;
-pub use state::Ds4State;
 use weights::Ds4Weights;
+
+/// Positions per block of the paged state: a multiple of both ratios and
+/// the raw window, so that a block boundary is a point where every
+/// compressor's current window is empty (`docs/design/deepseek4-state.md`).
+pub const BLOCK: usize = 128;
 
 /// The deepseek4 family's registration.
 #[derive(Debug)]
@@ -76,8 +76,8 @@ impl FamilyDef for DeepSeek4 {
 pub struct Ds4Model<B: Backend> {
     hparams: Ds4HParams,
     weights: Ds4Weights<B>,
-    rope_plain: Rope,
-    rope_comp: Rope,
+    rope_plain: TailRope,
+    rope_comp: TailRope,
     numerics: Ds4Numerics,
 }
 
@@ -86,8 +86,8 @@ impl<B: Backend> Ds4Model<B> {
         let hparams = Ds4HParams::from_file(src.file())?;
         hparams::check_tensors(src.file(), &hparams)?;
         let weights = Ds4Weights::bind(src, &hparams, backend)?;
-        let rope_plain = Rope::plain(hparams.n_rot, hparams.rope_base);
-        let rope_comp = Rope::yarn(hparams.n_rot, hparams.compress_rope_base, &hparams.yarn);
+        let rope_plain = rope::plain(hparams.n_rot, hparams.rope_base);
+        let rope_comp = rope::yarn(hparams.n_rot, hparams.compress_rope_base, &hparams.yarn);
         let numerics = match backend.numerics() {
             Numerics::Production => Ds4Numerics::PRODUCTION,
             Numerics::Exact => Ds4Numerics::EXACT,
@@ -111,38 +111,22 @@ impl<B: Backend> Ds4Model<B> {
         self.numerics
     }
 
+    /// Change the roundings (tests; before any state pool is made, since
+    /// the pool's row dtype follows `f16_cache`).
     pub fn set_numerics(&mut self, numerics: Ds4Numerics) {
         self.numerics = numerics;
     }
 
-    pub fn new_state(&self) -> Ds4State {
-        Ds4State::new(&self.hparams)
-    }
-
-    /// Run `tokens` after the state's tokens. On error the state is left
-    /// partially updated; callers reset it.
-    pub fn forward(
-        &self,
-        backend: &B,
-        state: &mut Ds4State,
-        tokens: &[u32],
-        want: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.hparams.n_vocab) {
-            return Err(ModelError::BadToken {
-                token: t,
-                n_vocab: self.hparams.n_vocab,
-            });
+    fn layout(&self) -> CompressedLayout {
+        let h = &self.hparams;
+        CompressedLayout {
+            ratios: Arc::from(h.ratios.as_slice()),
+            head_dim: h.head_dim,
+            index_dim: h.idx_dim,
+            window: h.window,
+            block_size: BLOCK,
+            f16_rows: self.numerics.f16_cache,
         }
-        forward::Ctx {
-            h: &self.hparams,
-            w: &self.weights,
-            be: backend,
-            rope_plain: &self.rope_plain,
-            rope_comp: &self.rope_comp,
-            num: self.numerics,
-        }
-        .forward(state, tokens, want)
     }
 }
 
@@ -161,52 +145,47 @@ impl<B: Backend> FamilyModel<B> for Ds4Model<B> {
         self
     }
 
-    /// The window, compressed rows and compressor frontiers are a private
-    /// state, not plain key/value rows.
-    fn kv_layout(&self) -> Option<KvLayout> {
-        None
+    fn state_layout(&self) -> StateLayout {
+        StateLayout::Compressed(self.layout())
     }
 
-    /// An estimate: compressed rows are f32, one per ratio positions of
-    /// each compressed layer (ratio 4 dominates), plus indexer rows; the
-    /// raw window is bounded.
+    /// The pooled and indexer rows: a block's bytes over its positions.
     fn state_bytes_per_token(&self) -> usize {
-        let h = &self.hparams;
-        h.n_layer * (h.head_dim + h.idx_dim) * 4 / 4 + 1
+        let l = self.layout();
+        let row_bytes = if l.f16_rows { 2 } else { 4 };
+        let per_block: usize = l
+            .ratios
+            .iter()
+            .map(|&r| match r {
+                0 => 0,
+                4 => (BLOCK / 4) * (l.head_dim + l.index_dim),
+                r => (BLOCK / r) * l.head_dim,
+            })
+            .sum();
+        (per_block * row_bytes).div_ceil(BLOCK)
     }
 
     fn scratch_bytes_per_row(&self) -> usize {
         let h = &self.hparams;
-        // Four hyper-connection streams and the expert activations.
+        // Four hyper-connection streams, the queries and attention output,
+        // the expert activations.
         (16 * h.n_embd + 4 * h.n_ff + h.n_head * h.head_dim * 2) * 4
     }
 
     fn forward_paged(
         &self,
-        _backend: &B,
-        _pool: &mut B::KvPool,
-        _batch: &[PagedInput<'_>],
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        Err(ModelError::NotPaged {
-            family: DeepSeek4::ARCHITECTURE,
-        })
-    }
-
-    fn private_state(&self) -> Option<Box<dyn PrivateState>> {
-        Some(Box::new(self.new_state()))
-    }
-
-    fn forward_private(
-        &self,
         backend: &B,
-        state: &mut dyn PrivateState,
-        tokens: &[u32],
-        want: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
-        let state = state
-            .as_any_mut()
-            .downcast_mut::<Ds4State>()
-            .expect("a DeepSeek V4 sequence holds a DeepSeek V4 state");
-        self.forward(backend, state, tokens, want)
+        pool: &mut StatePool<B>,
+        batch: &[PagedInput<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        forward::Ctx {
+            h: &self.hparams,
+            w: &self.weights,
+            be: backend,
+            rope_plain: &self.rope_plain,
+            rope_comp: &self.rope_comp,
+            num: self.numerics,
+        }
+        .forward(pool.compressed_mut()?, batch)
     }
 }

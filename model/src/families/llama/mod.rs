@@ -21,7 +21,10 @@ use std::sync::Arc;
 
 use ds4_kernels::Backend;
 
-use super::{Dims, FamilyDef, FamilyModel, KvLayout, ModelError, PagedInput, TensorSource};
+use super::{
+    Dims, FamilyDef, FamilyModel, KvLayout, ModelError, PagedInput, StateLayout, StatePool,
+    TensorSource,
+};
 use crate::chat::templated::TemplateChat;
 use crate::chat::{ChatProtocol, PromptError};
 use crate::gguf::Metadata;
@@ -106,8 +109,8 @@ impl<B: Backend> FamilyModel<B> for LlamaModel<B> {
         self
     }
 
-    fn kv_layout(&self) -> Option<KvLayout> {
-        Some(KvLayout {
+    fn state_layout(&self) -> StateLayout {
+        StateLayout::Kv(KvLayout {
             n_layer: self.hparams.n_layer,
             kv_dim: self.kv_dim(),
         })
@@ -129,9 +132,9 @@ impl<B: Backend> FamilyModel<B> for LlamaModel<B> {
     fn forward_paged(
         &self,
         backend: &B,
-        pool: &mut B::KvPool,
+        pool: &mut StatePool<B>,
         batch: &[PagedInput<'_>],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.forward(backend, pool, batch)
+        self.forward(backend, pool.kv_mut()?, batch)
     }
 }
