@@ -554,7 +554,7 @@ impl Shape for MessagesStream {
     }
 
     fn error(&mut self, e: &ApiError) -> Vec<Frame> {
-        vec![ev("error", e.anthropic_body())]
+        vec![run::event(Some("error"), &e.anthropic_body())]
     }
 
     fn ping(&mut self) -> Option<Frame> {
@@ -726,7 +726,8 @@ mod tests {
 
     #[test]
     fn errors_use_the_anthropic_envelope() {
-        let body = ApiError::bad("nope", "messages").anthropic_body();
+        let body =
+            serde_json::to_value(ApiError::bad("nope", "messages").anthropic_body()).unwrap();
         assert_eq!(body["type"], "error");
         assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(body["error"]["message"], "nope");
