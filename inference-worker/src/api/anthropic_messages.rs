@@ -4,23 +4,18 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::convo::{self, schema_or_empty};
-use super::error::parse_json;
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
-use super::{ApiError, AppState, Reply, SamplingFields};
+use super::{ApiError, AppState, Reply, SamplingFields, Surface};
 use crate::generate::FinishReason;
 use ds4_model::chat::{
     new_call_id, Conversation, Rendered, Role, Thinking, ToolCall, ToolChoice, ToolSpec, Turn,
 };
-
-const SURFACE: &str = "messages";
 
 /// A Messages request. Fields we do not act on (`metadata`,
 /// `context_management`, `output_config`, ...) are accepted and ignored.
@@ -245,13 +240,6 @@ fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
     Ok(c)
 }
 
-fn check(state: &AppState, req: &MessagesRequest) -> Result<(), ApiError> {
-    if !state.serves(&req.model) {
-        return Err(ApiError::UnknownModel(req.model.clone()));
-    }
-    Ok(())
-}
-
 async fn render(
     state: &AppState,
     req: &MessagesRequest,
@@ -262,89 +250,101 @@ async fn render(
     convo::render(&state.chat, convo, state.render_options()).await
 }
 
-pub async fn count_tokens(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = async {
-        let body = state.body(body)?;
-        let req: MessagesRequest = parse_json(&body)?;
-        check(&state, &req)?;
-        let rendered = render(&state, &req, &body).await?;
-        Ok::<_, ApiError>(Reply::Json(
+/// A `count_tokens` request: a Messages request, counted instead of run.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub struct CountTokensRequest(MessagesRequest);
+
+impl Surface for CountTokensRequest {
+    const NAME: &'static str = "count_tokens";
+
+    fn refuse(e: ApiError) -> Response {
+        e.anthropic()
+    }
+
+    /// `POST /v1/messages/count_tokens`: the prompt's length.
+    async fn answer(self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
+        let rendered = render(&state, &self.0, &body).await?;
+        Ok(Reply::Json(
             Json(json!({"input_tokens": rendered.tokens.len()})).into_response(),
         ))
     }
-    .await;
-    state.respond("count_tokens", r, ApiError::anthropic)
-}
 
-pub async fn handle(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = inner(state.clone(), body).await;
-    state.respond(SURFACE, r, ApiError::anthropic)
-}
-
-async fn inner(
-    state: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Reply, ApiError> {
-    let body = state.body(body)?;
-    let req: MessagesRequest = parse_json(&body)?;
-    check(&state, &req)?;
-    let max_tokens = req
-        .max_tokens
-        .ok_or_else(|| ApiError::bad("max_tokens: field required", "max_tokens"))?;
-    let sampling = req.sampling.params()?;
-    if req.stop_sequences.len() > 16 {
-        return Err(ApiError::bad(
-            "at most 16 stop_sequences are allowed",
-            "stop_sequences",
-        ));
+    fn model(&self) -> &str {
+        &self.0.model
     }
-    let rendered = render(&state, &req, &body).await?;
-    let prompt_tokens = rendered.tokens.len();
-    let job = Job {
-        prompt: rendered.tokens,
-        max_tokens: Some(max_tokens),
-        sampling,
-        stop: req.stop_sequences.clone(),
-        logprobs: None,
-        answer: rendered.answer,
-        id_prefix: "toolu_",
-    };
-    let run = run::start(&state, job)?;
-    let id = new_call_id("msg_");
-    let model = state.model_id.clone();
-    if req.stream {
-        let shape = MessagesStream {
-            id,
-            model,
-            prompt_tokens,
-            index: 0,
-            open: None,
+}
+
+impl Surface for MessagesRequest {
+    const NAME: &'static str = "messages";
+
+    fn refuse(e: ApiError) -> Response {
+        e.anthropic()
+    }
+
+    /// `POST /v1/messages`.
+    async fn answer(self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
+        let max_tokens = self
+            .max_tokens
+            .ok_or_else(|| ApiError::bad("max_tokens: field required", "max_tokens"))?;
+        let sampling = self.sampling.params()?;
+        if self.stop_sequences.len() > 16 {
+            return Err(ApiError::bad(
+                "at most 16 stop_sequences are allowed",
+                "stop_sequences",
+            ));
+        }
+        let rendered = render(&state, &self, &body).await?;
+        let prompt_tokens = rendered.tokens.len();
+        let job = Job {
+            prompt: rendered.tokens,
+            max_tokens: Some(max_tokens),
+            sampling,
+            stop: self.stop_sequences.clone(),
+            logprobs: None,
+            answer: rendered.answer,
+            id_prefix: "toolu_",
         };
-        return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
+        let run = run::start(&state, job)?;
+        let id = new_call_id("msg_");
+        let model = state.model_id.clone();
+        if self.stream {
+            let shape = MessagesStream {
+                id,
+                model,
+                prompt_tokens,
+                index: 0,
+                open: None,
+            };
+            return Ok(Reply::Stream(run::sse(
+                state.clone(),
+                Self::NAME,
+                run,
+                shape,
+            )));
+        }
+        let (c, f) = run::collect(run).await?;
+        let content = blocks(c);
+        let (stop_reason, stop_sequence) = stop_reason(&f);
+        Ok(Reply::Json(
+            Json(MessageObject {
+                id,
+                kind: "message",
+                role: "assistant",
+                model,
+                content,
+                stop_reason: Some(stop_reason),
+                stop_sequence,
+                usage: usage(&f),
+                timings: Some(f.timings_out()),
+            })
+            .into_response(),
+        ))
     }
-    let (c, f) = run::collect(run).await?;
-    let content = blocks(c);
-    let (stop_reason, stop_sequence) = stop_reason(&f);
-    Ok(Reply::Json(
-        Json(MessageObject {
-            id,
-            kind: "message",
-            role: "assistant",
-            model,
-            content,
-            stop_reason: Some(stop_reason),
-            stop_sequence,
-            usage: usage(&f),
-            timings: Some(f.timings_out()),
-        })
-        .into_response(),
-    ))
+
+    fn model(&self) -> &str {
+        &self.model
+    }
 }
 
 /// A collected answer's content blocks: thinking, text, tool uses.

@@ -20,6 +20,7 @@ mod openai_responses;
 mod run;
 mod stats;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -32,7 +33,13 @@ use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
+
+use anthropic_messages::{CountTokensRequest, MessagesRequest};
+use openai_chat::ChatRequest;
+use openai_completions::CompletionRequest;
+use openai_responses::ResponsesRequest;
 
 use crate::engine::EngineHandle;
 use crate::sampler::SamplingParams;
@@ -134,32 +141,12 @@ impl AppState {
         requested.is_empty() || requested == self.model_id || ALIASES.contains(&requested)
     }
 
-    /// The request body, or the error for a body we could not read.
-    pub fn body(&self, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-        body.map_err(|r| ApiError::from_rejection(r, self.max_body_bytes))
-    }
-
-    /// Count the request's outcome for `surface` and turn it into the
-    /// response; `envelope` renders an error in the surface's own shape.
-    fn respond(
-        &self,
-        surface: &str,
-        r: Result<Reply, ApiError>,
-        envelope: fn(ApiError) -> Response,
-    ) -> Response {
-        self.count(surface, &r);
-        match r {
-            Ok(reply) => reply.into_response(),
-            Err(e) => envelope(e),
-        }
-    }
-
-    /// Count a request that ended in a JSON answer or error.
+    /// Count a request's outcome for `surface`: JSON answers and errors
+    /// now, streams when they end.
     fn count(&self, surface: &str, r: &Result<Reply, ApiError>) {
         let m = self.engine.metrics();
         match r {
             Ok(Reply::Json(_)) => m.request(surface, "ok"),
-            // Streams are counted when they end.
             Ok(Reply::Stream(_)) => {}
             Err(e) => {
                 m.request(surface, e.reason());
@@ -169,18 +156,59 @@ impl AppState {
     }
 }
 
+/// One API surface's request, served by [`serve`]: the surface's name in
+/// the metrics, its error envelope, the model the request names, and its
+/// answer.
+pub trait Surface: DeserializeOwned + Send + 'static {
+    /// The `surface` label of the request metrics.
+    const NAME: &'static str;
+
+    /// An error as this surface's response (the OpenAI envelope unless
+    /// the surface says otherwise).
+    fn refuse(e: ApiError) -> Response {
+        e.into_response()
+    }
+
+    /// Answer a request that parsed and names the loaded model. `body` is
+    /// the request's bytes (for what must reach the model in the client's
+    /// own bytes: its tools).
+    fn answer(
+        self,
+        state: Arc<AppState>,
+        body: Bytes,
+    ) -> impl Future<Output = Result<Reply, ApiError>> + Send;
+
+    /// The model the request names (empty: whatever is loaded).
+    fn model(&self) -> &str;
+}
+
+/// The handler of every surface: read the body within the size limit,
+/// parse it as the surface's request, check the model name, answer, and
+/// count the outcome; every error goes out in the surface's envelope.
+pub async fn serve<S: Surface>(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = async {
+        let body = body.map_err(|r| ApiError::from_rejection(r, state.max_body_bytes))?;
+        let req: S = error::parse_json(&body)?;
+        if !state.serves(req.model()) {
+            return Err(ApiError::UnknownModel(req.model().to_string()));
+        }
+        req.answer(state.clone(), body).await
+    }
+    .await;
+    state.count(S::NAME, &r);
+    match r {
+        Ok(Reply::Json(r) | Reply::Stream(r)) => r,
+        Err(e) => S::refuse(e),
+    }
+}
+
 /// A surface handler's answer.
 pub enum Reply {
     Json(Response),
     Stream(Response),
-}
-
-impl Reply {
-    fn into_response(self) -> Response {
-        match self {
-            Reply::Json(r) | Reply::Stream(r) => r,
-        }
-    }
 }
 
 pub fn unix_now() -> u64 {
@@ -237,15 +265,26 @@ pub fn stop_list(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
     }
 }
 
+/// `n` and `best_of`: one choice per request.
+pub fn one_choice(n: Option<u32>, param: &'static str) -> Result<(), ApiError> {
+    match n {
+        Some(n) if n != 1 => Err(ApiError::bad(
+            format!("only {param} = 1 is supported"),
+            param,
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(openai_chat::handle))
-        .route("/v1/completions", post(openai_completions::handle))
-        .route("/v1/responses", post(openai_responses::handle))
-        .route("/v1/messages", post(anthropic_messages::handle))
+        .route("/v1/chat/completions", post(serve::<ChatRequest>))
+        .route("/v1/completions", post(serve::<CompletionRequest>))
+        .route("/v1/responses", post(serve::<ResponsesRequest>))
+        .route("/v1/messages", post(serve::<MessagesRequest>))
         .route(
             "/v1/messages/count_tokens",
-            post(anthropic_messages::count_tokens),
+            post(serve::<CountTokensRequest>),
         )
         .route("/v1/models", get(models::list))
         .route("/v1/models/{id}", get(models::one))

@@ -3,23 +3,18 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::convo;
-use super::error::parse_json;
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
-use super::{stop_list, ApiError, AppState, Reply, SamplingFields, Stop};
+use super::{one_choice, stop_list, ApiError, AppState, Reply, SamplingFields, Stop, Surface};
 use crate::generate::{FinishReason, TokenLogprobs};
 use ds4_model::chat::{
     new_call_id, Chat, Conversation, Role, Thinking, ToolCall, ToolChoice, ToolSpec, Turn,
 };
-
-const SURFACE: &str = "chat";
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
@@ -255,93 +250,89 @@ fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
     Ok(c)
 }
 
-pub async fn handle(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = inner(state.clone(), body).await;
-    state.respond(SURFACE, r, IntoResponse::into_response)
-}
+impl Surface for ChatRequest {
+    const NAME: &'static str = "chat";
 
-async fn inner(
-    state: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Reply, ApiError> {
-    let body = state.body(body)?;
-    let mut req: ChatRequest = parse_json(&body)?;
-    if !state.serves(&req.model) {
-        return Err(ApiError::UnknownModel(req.model));
-    }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("only n = 1 is supported", "n"));
-    }
-    if let Some(f) = &req.response_format {
-        if f.kind != "text" {
-            return Err(ApiError::bad(
-                format!("response_format {:?} is not supported yet (structured output is not implemented); use \"text\"", f.kind),
-                "response_format",
-            ));
+    /// `POST /v1/chat/completions`.
+    async fn answer(mut self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
+        one_choice(self.n, "n")?;
+        if let Some(f) = &self.response_format {
+            if f.kind != "text" {
+                return Err(ApiError::bad(
+                    format!("response_format {:?} is not supported yet (structured output is not implemented); use \"text\"", f.kind),
+                    "response_format",
+                ));
+            }
         }
-    }
-    let sampling = req.sampling.params()?;
-    let stop = stop_list(req.stop.take())?;
-    let mut convo = conversation(&mut req)?;
-    attach_raw_tools(&mut convo, &body);
-    let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
-    let logprobs = req
-        .logprobs
-        .then(|| req.top_logprobs.unwrap_or(0).min(20) as usize);
-    let prompt_ids = req.return_token_ids.then(|| rendered.tokens.clone());
-    let job = Job {
-        prompt: rendered.tokens,
-        max_tokens: req.max_completion_tokens.or(req.max_tokens),
-        sampling,
-        stop,
-        logprobs,
-        answer: rendered.answer,
-        id_prefix: "call_",
-    };
-    let run = run::start(&state, job)?;
-    let id = new_call_id("chatcmpl-");
-    let created = super::unix_now();
-    if req.stream {
-        let shape = ChatStream {
+        let sampling = self.sampling.params()?;
+        let stop = stop_list(self.stop.take())?;
+        let mut convo = conversation(&mut self)?;
+        attach_raw_tools(&mut convo, &body);
+        let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
+        let logprobs = self
+            .logprobs
+            .then(|| self.top_logprobs.unwrap_or(0).min(20) as usize);
+        let prompt_ids = self.return_token_ids.then(|| rendered.tokens.clone());
+        let job = Job {
+            prompt: rendered.tokens,
+            max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            sampling,
+            stop,
+            logprobs,
+            answer: rendered.answer,
+            id_prefix: "call_",
+        };
+        let run = run::start(&state, job)?;
+        let id = new_call_id("chatcmpl-");
+        let created = super::unix_now();
+        if self.stream {
+            let shape = ChatStream {
+                id,
+                created,
+                model: state.model_id.clone(),
+                chat: logprobs.map(|_| state.chat.clone()),
+                include_usage: self.stream_options.is_some_and(|o| o.include_usage),
+            };
+            return Ok(Reply::Stream(run::sse(
+                state.clone(),
+                Self::NAME,
+                run,
+                shape,
+            )));
+        }
+        let (c, f) = run::collect(run).await?;
+        let logprobs = logprobs.map(|_| LogprobsOut {
+            content: c
+                .tokens
+                .iter()
+                .filter_map(|(id, lp)| lp.as_ref().map(|lp| entry(&state.chat, *id, lp)))
+                .collect(),
+        });
+        let token_ids = self
+            .return_token_ids
+            .then(|| c.tokens.iter().map(|t| t.0).collect());
+        let resp = ChatResponse {
             id,
+            object: "chat.completion",
             created,
             model: state.model_id.clone(),
-            chat: logprobs.map(|_| state.chat.clone()),
-            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+            choices: vec![Choice {
+                index: 0,
+                message: out_message(c.text, c.reasoning, c.calls),
+                finish_reason: finish_reason(&f),
+                logprobs,
+                token_ids,
+            }],
+            usage: usage(&f),
+            timings: f.timings_out(),
+            prompt_token_ids: prompt_ids,
         };
-        return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
+        Ok(Reply::Json(Json(resp).into_response()))
     }
-    let (c, f) = run::collect(run).await?;
-    let logprobs = logprobs.map(|_| LogprobsOut {
-        content: c
-            .tokens
-            .iter()
-            .filter_map(|(id, lp)| lp.as_ref().map(|lp| entry(&state.chat, *id, lp)))
-            .collect(),
-    });
-    let token_ids = req
-        .return_token_ids
-        .then(|| c.tokens.iter().map(|t| t.0).collect());
-    let resp = ChatResponse {
-        id,
-        object: "chat.completion",
-        created,
-        model: state.model_id.clone(),
-        choices: vec![Choice {
-            index: 0,
-            message: out_message(c.text, c.reasoning, c.calls),
-            finish_reason: finish_reason(&f),
-            logprobs,
-            token_ids,
-        }],
-        usage: usage(&f),
-        timings: f.timings_out(),
-        prompt_token_ids: prompt_ids,
-    };
-    Ok(Reply::Json(Json(resp).into_response()))
+
+    fn model(&self) -> &str {
+        &self.model
+    }
 }
 
 /// The answer's message: text (null when only calls were made), reasoning

@@ -4,22 +4,17 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::convo;
-use super::error::parse_json;
 use super::openai_chat::tool_choice;
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
-use super::{ApiError, AppState, Reply, SamplingFields};
+use super::{ApiError, AppState, Reply, SamplingFields, Surface};
 use crate::generate::FinishReason;
 use ds4_model::chat::{new_call_id, Conversation, Role, ToolCall, ToolSpec, Turn};
-
-const SURFACE: &str = "responses";
 
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
@@ -235,94 +230,92 @@ fn conversation(req: &ResponsesRequest) -> Result<Conversation, ApiError> {
     Ok(c)
 }
 
-pub async fn handle(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = inner(state.clone(), body).await;
-    state.respond(SURFACE, r, IntoResponse::into_response)
-}
+impl Surface for ResponsesRequest {
+    const NAME: &'static str = "responses";
 
-async fn inner(
-    state: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Reply, ApiError> {
-    let body = state.body(body)?;
-    let req: ResponsesRequest = parse_json(&body)?;
-    if !state.serves(&req.model) {
-        return Err(ApiError::UnknownModel(req.model));
-    }
-    if req.store == Some(true) {
-        return Err(ApiError::bad(
-            "store: true is not supported: this server keeps no responses; send store: false and the full input each time",
-            "store",
-        ));
-    }
-    if req
-        .previous_response_id
-        .as_deref()
-        .is_some_and(|s| !s.is_empty())
-    {
-        return Err(ApiError::bad(
-            "previous_response_id is not supported: this server keeps no responses; resend the full input instead",
-            "previous_response_id",
-        ));
-    }
-    if let Some(f) = req.text.as_ref().and_then(|t| t.format.as_ref()) {
-        let kind = f.get("type").and_then(Value::as_str).unwrap_or("text");
-        if kind != "text" {
+    /// `POST /v1/responses`.
+    async fn answer(self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
+        if self.store == Some(true) {
             return Err(ApiError::bad(
-                format!("text.format {kind:?} is not supported yet (structured output is not implemented); use \"text\""),
-                "text.format",
+                "store: true is not supported: this server keeps no responses; send store: false and the full input each time",
+                "store",
             ));
         }
-    }
-    let sampling = req.sampling.params()?;
-    let mut convo = conversation(&req)?;
-    attach_raw_tools(&mut convo, &body);
-    let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
-    let job = Job {
-        prompt: rendered.tokens,
-        max_tokens: req.max_output_tokens,
-        sampling: sampling.clone(),
-        stop: Vec::new(),
-        logprobs: None,
-        answer: rendered.answer,
-        id_prefix: "call_",
-    };
-    let run = run::start(&state, job)?;
-    let meta = Meta {
-        id: new_call_id("resp_"),
-        created_at: super::unix_now(),
-        model: state.model_id.clone(),
-        instructions: req.instructions.clone(),
-        tools: req.tools.clone(),
-        tool_choice: req.tool_choice.clone().unwrap_or_else(|| "auto".into()),
-        temperature: sampling.temperature,
-        top_p: sampling.top_p,
-        max_output_tokens: req.max_output_tokens,
-        reasoning: req
-            .reasoning
-            .clone()
-            .unwrap_or_else(|| serde_json::json!({})),
-        metadata: req
-            .metadata
-            .clone()
-            .unwrap_or_else(|| serde_json::json!({})),
-    };
-    if req.stream {
-        let shape = ResponsesStream {
-            meta,
-            seq: 0,
-            output: Vec::new(),
-            open: None,
+        if self
+            .previous_response_id
+            .as_deref()
+            .is_some_and(|s| !s.is_empty())
+        {
+            return Err(ApiError::bad(
+                "previous_response_id is not supported: this server keeps no responses; resend the full input instead",
+                "previous_response_id",
+            ));
+        }
+        if let Some(f) = self.text.as_ref().and_then(|t| t.format.as_ref()) {
+            let kind = f.get("type").and_then(Value::as_str).unwrap_or("text");
+            if kind != "text" {
+                return Err(ApiError::bad(
+                    format!("text.format {kind:?} is not supported yet (structured output is not implemented); use \"text\""),
+                    "text.format",
+                ));
+            }
+        }
+        let sampling = self.sampling.params()?;
+        let mut convo = conversation(&self)?;
+        attach_raw_tools(&mut convo, &body);
+        let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
+        let job = Job {
+            prompt: rendered.tokens,
+            max_tokens: self.max_output_tokens,
+            sampling: sampling.clone(),
+            stop: Vec::new(),
+            logprobs: None,
+            answer: rendered.answer,
+            id_prefix: "call_",
         };
-        return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
+        let run = run::start(&state, job)?;
+        let meta = Meta {
+            id: new_call_id("resp_"),
+            created_at: super::unix_now(),
+            model: state.model_id.clone(),
+            instructions: self.instructions.clone(),
+            tools: self.tools.clone(),
+            tool_choice: self.tool_choice.clone().unwrap_or_else(|| "auto".into()),
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            max_output_tokens: self.max_output_tokens,
+            reasoning: self
+                .reasoning
+                .clone()
+                .unwrap_or_else(|| serde_json::json!({})),
+            metadata: self
+                .metadata
+                .clone()
+                .unwrap_or_else(|| serde_json::json!({})),
+        };
+        if self.stream {
+            let shape = ResponsesStream {
+                meta,
+                seq: 0,
+                output: Vec::new(),
+                open: None,
+            };
+            return Ok(Reply::Stream(run::sse(
+                state.clone(),
+                Self::NAME,
+                run,
+                shape,
+            )));
+        }
+        let (c, f) = run::collect(run).await?;
+        Ok(Reply::Json(
+            Json(meta.response(&f, output_items(c))).into_response(),
+        ))
     }
-    let (c, f) = run::collect(run).await?;
-    Ok(Reply::Json(
-        Json(meta.response(&f, output_items(c))).into_response(),
-    ))
+
+    fn model(&self) -> &str {
+        &self.model
+    }
 }
 
 /// A collected answer's output items: reasoning, message, function calls.
