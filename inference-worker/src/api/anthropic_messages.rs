@@ -250,6 +250,12 @@ async fn render(
     convo::render(&state.chat, convo, state.render_options()).await
 }
 
+/// The `count_tokens` answer.
+#[derive(Serialize)]
+struct TokenCount {
+    input_tokens: usize,
+}
+
 /// A `count_tokens` request: a Messages request, counted instead of run.
 #[derive(Debug, Deserialize)]
 #[serde(transparent)]
@@ -265,9 +271,10 @@ impl Surface for CountTokensRequest {
     /// `POST /v1/messages/count_tokens`: the prompt's length.
     async fn answer(self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
         let rendered = render(&state, &self.0, &body).await?;
-        Ok(Reply::Json(
-            Json(json!({"input_tokens": rendered.tokens.len()})).into_response(),
-        ))
+        let count = TokenCount {
+            input_tokens: rendered.tokens.len(),
+        };
+        Ok(Reply::Json(Json(count).into_response()))
     }
 
     fn model(&self) -> &str {
@@ -369,8 +376,10 @@ fn blocks(c: run::Collected) -> Vec<Block> {
     content
 }
 
+/// A call's arguments as its `input` (an empty object when they are not
+/// JSON).
 fn input_of(arguments: &str) -> Value {
-    serde_json::from_str(arguments).unwrap_or_else(|_| json!({}))
+    serde_json::from_str(arguments).unwrap_or_else(|_| Value::Object(Default::default()))
 }
 
 fn stop_reason(f: &Finish) -> (&'static str, Option<String>) {
@@ -449,42 +458,104 @@ struct MessagesStream {
     open: Option<OpenBlock>,
 }
 
-fn ev(kind: &'static str, data: Value) -> Frame {
-    run::event(Some(kind), &data)
+/// `message_start`.
+#[derive(Serialize)]
+struct MessageStart {
+    message: MessageObject,
+}
+
+/// `content_block_start`.
+#[derive(Serialize)]
+struct BlockStart {
+    index: usize,
+    content_block: Block,
+}
+
+/// `content_block_delta`.
+#[derive(Serialize)]
+struct BlockDelta {
+    index: usize,
+    delta: DeltaBody,
+}
+
+/// What a delta adds: `text_delta`, `thinking_delta`, `input_json_delta`.
+#[derive(Serialize)]
+#[serde(tag = "type")]
+enum DeltaBody {
+    #[serde(rename = "text_delta")]
+    Text { text: String },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: String },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: String },
+}
+
+/// `content_block_stop`.
+#[derive(Serialize)]
+struct BlockStop {
+    index: usize,
+}
+
+/// `message_delta`: how the message ended.
+#[derive(Serialize)]
+struct MessageDelta {
+    delta: StopDelta,
+    usage: Usage,
+    timings: TimingsOut,
+}
+
+#[derive(Serialize)]
+struct StopDelta {
+    stop_reason: &'static str,
+    stop_sequence: Option<String>,
 }
 
 impl MessagesStream {
     fn close(&mut self, out: &mut Vec<Frame>) {
         if self.open.take().is_some() {
-            out.push(ev(
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": self.index}),
-            ));
+            let stop = BlockStop { index: self.index };
+            out.push(run::typed_event("content_block_stop", &stop));
             self.index += 1;
         }
     }
 
+    /// Open block `kind` at the next index.
+    fn start_block(&mut self, out: &mut Vec<Frame>, kind: OpenBlock, content_block: Block) {
+        self.close(out);
+        let start = BlockStart {
+            index: self.index,
+            content_block,
+        };
+        out.push(run::typed_event("content_block_start", &start));
+        self.open = Some(kind);
+    }
+
+    fn delta(&self, out: &mut Vec<Frame>, delta: DeltaBody) {
+        let delta = BlockDelta {
+            index: self.index,
+            delta,
+        };
+        out.push(run::typed_event("content_block_delta", &delta));
+    }
+
     fn text(&mut self, out: &mut Vec<Frame>, t: String, kind: OpenBlock) {
         if self.open != Some(kind) {
-            self.close(out);
             let block = match kind {
-                OpenBlock::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
-                OpenBlock::Text | OpenBlock::ToolUse => json!({"type": "text", "text": ""}),
+                OpenBlock::Thinking => Block::Thinking {
+                    thinking: String::new(),
+                    signature: String::new(),
+                },
+                OpenBlock::Text | OpenBlock::ToolUse => Block::Text {
+                    text: String::new(),
+                },
             };
-            out.push(ev(
-                "content_block_start",
-                json!({"type": "content_block_start", "index": self.index, "content_block": block}),
-            ));
-            self.open = Some(kind);
+            self.start_block(out, kind, block);
         }
         let delta = match kind {
-            OpenBlock::Thinking => json!({"type": "thinking_delta", "thinking": t}),
-            OpenBlock::Text | OpenBlock::ToolUse => json!({"type": "text_delta", "text": t}),
+            OpenBlock::Thinking => DeltaBody::Thinking { thinking: t },
+            OpenBlock::Text | OpenBlock::ToolUse => DeltaBody::Text { text: t },
         };
-        out.push(ev(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
-        ));
+        self.delta(out, delta);
     }
 }
 
@@ -506,10 +577,7 @@ impl Shape for MessagesStream {
             },
             timings: None,
         };
-        vec![ev(
-            "message_start",
-            json!({"type": "message_start", "message": message}),
-        )]
+        vec![run::typed_event("message_start", &MessageStart { message })]
     }
 
     fn deltas(&mut self, deltas: Vec<Delta>) -> Vec<Frame> {
@@ -520,13 +588,19 @@ impl Shape for MessagesStream {
                 Delta::Text(t) => self.text(&mut out, t, OpenBlock::Text),
                 Delta::Reasoning(t) => self.text(&mut out, t, OpenBlock::Thinking),
                 Delta::CallStart { id, name, .. } => {
-                    self.close(&mut out);
-                    out.push(ev("content_block_start", json!({"type": "content_block_start", "index": self.index, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})));
-                    self.open = Some(OpenBlock::ToolUse);
+                    let block = Block::ToolUse {
+                        id,
+                        name,
+                        input: Value::Object(Default::default()),
+                    };
+                    self.start_block(&mut out, OpenBlock::ToolUse, block);
                 }
                 Delta::CallArgs { delta, .. } => {
                     if self.open == Some(OpenBlock::ToolUse) {
-                        out.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": self.index, "delta": {"type": "input_json_delta", "partial_json": delta}})));
+                        let partial = DeltaBody::InputJson {
+                            partial_json: delta,
+                        };
+                        self.delta(&mut out, partial);
                     }
                 }
                 Delta::CallEnd => {
@@ -546,10 +620,17 @@ impl Shape for MessagesStream {
             self.text(&mut out, String::new(), OpenBlock::Text);
         }
         self.close(&mut out);
-        let (reason, seq) = stop_reason(f);
-        let usage = usage(f);
-        out.push(ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage, "timings": f.timings_out()})));
-        out.push(ev("message_stop", json!({"type": "message_stop"})));
+        let (stop_reason, stop_sequence) = stop_reason(f);
+        let delta = MessageDelta {
+            delta: StopDelta {
+                stop_reason,
+                stop_sequence,
+            },
+            usage: usage(f),
+            timings: f.timings_out(),
+        };
+        out.push(run::typed_event("message_delta", &delta));
+        out.push(run::typed_event("message_stop", &()));
         out
     }
 
@@ -558,7 +639,7 @@ impl Shape for MessagesStream {
     }
 
     fn ping(&mut self) -> Option<Frame> {
-        Some(ev("ping", json!({"type": "ping"})))
+        Some(run::typed_event("ping", &()))
     }
 }
 

@@ -485,13 +485,59 @@ struct Chunk<'a> {
 #[derive(Serialize)]
 struct ChunkChoice {
     index: u32,
-    delta: Value,
+    delta: ChunkDelta,
     finish_reason: Option<&'static str>,
     logprobs: Option<LogprobsOut>,
 }
 
+/// What a chunk adds to the message (`{}` in the last one).
+#[derive(Default, Serialize)]
+struct ChunkDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<CallDelta>,
+}
+
+/// A piece of tool call `index`: its id, type and name in the first
+/// chunk, then its arguments a piece at a time.
+#[derive(Serialize)]
+struct CallDelta {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: FunctionDelta,
+}
+
+#[derive(Serialize)]
+struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    arguments: String,
+}
+
+impl ChunkDelta {
+    fn call(call: CallDelta) -> ChunkDelta {
+        ChunkDelta {
+            tool_calls: vec![call],
+            ..ChunkDelta::default()
+        }
+    }
+}
+
 impl ChatStream {
-    fn chunk(&self, delta: Value, finish: Option<&'static str>, lp: Option<LogprobsOut>) -> Frame {
+    fn chunk(
+        &self,
+        delta: ChunkDelta,
+        finish: Option<&'static str>,
+        lp: Option<LogprobsOut>,
+    ) -> Frame {
         run::event(
             None,
             &Chunk {
@@ -518,17 +564,22 @@ impl ChatStream {
         let lp = (!lps.is_empty()).then(|| LogprobsOut {
             content: std::mem::take(lps),
         });
-        self.chunk(serde_json::json!({"content": text}), None, lp)
+        let delta = ChunkDelta {
+            content: Some(text),
+            ..ChunkDelta::default()
+        };
+        self.chunk(delta, None, lp)
     }
 }
 
 impl Shape for ChatStream {
     fn start(&mut self) -> Vec<Frame> {
-        vec![self.chunk(
-            serde_json::json!({"role": "assistant", "content": ""}),
-            None,
-            None,
-        )]
+        let delta = ChunkDelta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+            ..ChunkDelta::default()
+        };
+        vec![self.chunk(delta, None, None)]
     }
 
     fn deltas(&mut self, deltas: Vec<Delta>) -> Vec<Frame> {
@@ -548,24 +599,32 @@ impl Shape for ChatStream {
                     if !text.is_empty() {
                         out.push(self.text_chunk(std::mem::take(&mut text), &mut lps));
                     }
-                    match other {
-                        Delta::Reasoning(r) => out.push(self.chunk(
-                            serde_json::json!({"reasoning_content": r}),
-                            None,
-                            None,
-                        )),
-                        Delta::CallStart { index, id, name } => out.push(self.chunk(
-                            serde_json::json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
-                            None,
-                            None,
-                        )),
-                        Delta::CallArgs { index, delta } => out.push(self.chunk(
-                            serde_json::json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]}),
-                            None,
-                            None,
-                        )),
-                        _ => {}
-                    }
+                    let delta = match other {
+                        Delta::Reasoning(r) => ChunkDelta {
+                            reasoning_content: Some(r),
+                            ..ChunkDelta::default()
+                        },
+                        Delta::CallStart { index, id, name } => ChunkDelta::call(CallDelta {
+                            index,
+                            id: Some(id),
+                            kind: Some("function"),
+                            function: FunctionDelta {
+                                name: Some(name),
+                                arguments: String::new(),
+                            },
+                        }),
+                        Delta::CallArgs { index, delta } => ChunkDelta::call(CallDelta {
+                            index,
+                            id: None,
+                            kind: None,
+                            function: FunctionDelta {
+                                name: None,
+                                arguments: delta,
+                            },
+                        }),
+                        _ => continue,
+                    };
+                    out.push(self.chunk(delta, None, None));
                 }
             }
         }
@@ -576,7 +635,7 @@ impl Shape for ChatStream {
     }
 
     fn finish(&mut self, f: &Finish) -> Vec<Frame> {
-        let mut out = vec![self.chunk(serde_json::json!({}), Some(finish_reason(f)), None)];
+        let mut out = vec![self.chunk(ChunkDelta::default(), Some(finish_reason(f)), None)];
         if self.include_usage {
             out.push(run::event(
                 None,
@@ -833,5 +892,44 @@ mod tests {
         };
         assert_eq!(field("reasoning_content"), "France's capital is Paris.");
         assert_eq!(field("content"), "Paris.");
+    }
+
+    #[tokio::test]
+    async fn chunk_deltas_have_exactly_the_chat_fields() {
+        let shape = ChatStream {
+            id: "chatcmpl-1".into(),
+            created: 1,
+            model: "m".into(),
+            chat: None,
+            include_usage: false,
+        };
+        let frames = drive(envelope_run(None), shape).await;
+        let deltas: Vec<Value> = frames[..frames.len() - 1]
+            .iter()
+            .map(|f| serde_json::from_str::<Value>(&f.data).unwrap()["choices"][0]["delta"].clone())
+            .collect();
+        assert_eq!(
+            deltas[0],
+            serde_json::json!({"role": "assistant", "content": ""})
+        );
+        let call = deltas
+            .iter()
+            .find(|d| d.get("tool_calls").is_some())
+            .unwrap();
+        let id = call["tool_calls"][0]["id"].clone();
+        assert_eq!(
+            *call,
+            serde_json::json!({"tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": "get_weather", "arguments": ""}}]})
+        );
+        let args = deltas
+            .iter()
+            .filter(|d| d.get("tool_calls").is_some())
+            .nth(1)
+            .unwrap();
+        assert_eq!(
+            *args,
+            serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]})
+        );
+        assert_eq!(*deltas.last().unwrap(), serde_json::json!({}));
     }
 }
