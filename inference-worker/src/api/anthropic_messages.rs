@@ -323,12 +323,7 @@ impl Surface for MessagesRequest {
                 index: 0,
                 open: None,
             };
-            return Ok(Reply::Stream(run::sse(
-                state.clone(),
-                Self::NAME,
-                run,
-                shape,
-            )));
+            return Ok(Reply::stream::<Self>(&state, run, shape));
         }
         let (c, f) = run::collect(run).await?;
         let content = blocks(c);

@@ -211,6 +211,18 @@ pub enum Reply {
     Stream(Response),
 }
 
+impl Reply {
+    /// `run` streamed as SSE in `shape`, counted as a request of `S`
+    /// when the stream ends.
+    pub fn stream<S: Surface>(
+        state: &Arc<AppState>,
+        run: run::Run,
+        shape: impl run::Shape,
+    ) -> Reply {
+        Reply::Stream(run::sse(state.clone(), S::NAME, run, shape))
+    }
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

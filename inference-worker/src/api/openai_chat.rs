@@ -293,12 +293,7 @@ impl Surface for ChatRequest {
                 chat: logprobs.map(|_| state.chat.clone()),
                 include_usage: self.stream_options.is_some_and(|o| o.include_usage),
             };
-            return Ok(Reply::Stream(run::sse(
-                state.clone(),
-                Self::NAME,
-                run,
-                shape,
-            )));
+            return Ok(Reply::stream::<Self>(&state, run, shape));
         }
         let (c, f) = run::collect(run).await?;
         let logprobs = logprobs.map(|_| LogprobsOut {

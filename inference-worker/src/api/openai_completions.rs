@@ -114,12 +114,7 @@ impl Surface for CompletionRequest {
                 include_usage: self.stream_options.is_some_and(|o| o.include_usage),
                 echo,
             };
-            return Ok(Reply::Stream(run::sse(
-                state.clone(),
-                Self::NAME,
-                run,
-                shape,
-            )));
+            return Ok(Reply::stream::<Self>(&state, run, shape));
         }
         let (c, f) = run::collect(run).await?;
         let lp = logprobs.map(|_| {

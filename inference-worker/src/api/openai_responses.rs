@@ -300,12 +300,7 @@ impl Surface for ResponsesRequest {
                 output: Vec::new(),
                 open: None,
             };
-            return Ok(Reply::Stream(run::sse(
-                state.clone(),
-                Self::NAME,
-                run,
-                shape,
-            )));
+            return Ok(Reply::stream::<Self>(&state, run, shape));
         }
         let (c, f) = run::collect(run).await?;
         Ok(Reply::Json(
