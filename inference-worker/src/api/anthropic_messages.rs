@@ -7,15 +7,13 @@ use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::convo::{self, schema_or_empty};
+use super::convo::{self, FunctionDef, TextOr, ThinkingConfig, ToolShape};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{ApiError, AppState, Reply, SamplingFields, Surface};
 use crate::generate::FinishReason;
-use ds4_model::chat::{
-    new_call_id, Conversation, Rendered, Role, Thinking, ToolCall, ToolChoice, ToolSpec, Turn,
-};
+use ds4_model::chat::{new_call_id, Conversation, Rendered, Role, ToolCall, ToolChoice, Turn};
 
 /// A Messages request. Fields we do not act on (`metadata`,
 /// `context_management`, `output_config`, ...) are accepted and ignored.
@@ -26,7 +24,8 @@ pub struct MessagesRequest {
     #[serde(default)]
     pub model: String,
     pub max_tokens: Option<u32>,
-    pub system: Option<Text>,
+    /// A string, or a list of text blocks.
+    pub system: Option<TextOr<TextBlock>>,
     pub messages: Vec<WireMessage>,
     #[serde(default)]
     pub tools: Vec<WireTool>,
@@ -38,53 +37,86 @@ pub struct MessagesRequest {
     #[serde(default)]
     pub stream: bool,
     /// `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`.
-    pub thinking: Option<Value>,
-}
-
-/// The request's tools with their raw `input_schema`, to show DSML the
-/// client's bytes.
-#[derive(Deserialize)]
-struct RawTools<'a> {
-    #[serde(borrow, default)]
-    tools: Vec<RawTool<'a>>,
-}
-
-#[derive(Deserialize)]
-struct RawTool<'a> {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    description: Option<String>,
-    #[serde(borrow, default)]
-    input_schema: Option<&'a serde_json::value::RawValue>,
-}
-
-fn attach_raw_tools(c: &mut Conversation, body: &[u8]) {
-    let Ok(raw) = serde_json::from_slice::<RawTools<'_>>(body) else {
-        return;
-    };
-    let raw = raw.tools.into_iter().filter(|t| t.input_schema.is_some());
-    for (spec, r) in c.tools.iter_mut().zip(raw) {
-        spec.raw = Some(convo::function_json(
-            &r.name,
-            r.description.as_deref(),
-            r.input_schema.map(|p| p.get()),
-        ));
-    }
-}
-
-/// A string or a list of content blocks.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Text {
-    Plain(String),
-    Blocks(Vec<Value>),
+    pub thinking: Option<ThinkingConfig>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct WireMessage {
-    pub role: String,
-    pub content: Text,
+    pub role: WireRole,
+    /// A string, or a list of content blocks.
+    pub content: TextOr<ContentBlock>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireRole {
+    User,
+    Assistant,
+    System,
+}
+
+impl From<WireRole> for Role {
+    fn from(r: WireRole) -> Role {
+        match r {
+            WireRole::User => Role::User,
+            WireRole::Assistant => Role::Assistant,
+            WireRole::System => Role::System,
+        }
+    }
+}
+
+/// A block of the system prompt: text only.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TextBlock {
+    Text {
+        #[serde(default)]
+        text: String,
+    },
+}
+
+/// A block of a message's content.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock {
+    Text {
+        #[serde(default)]
+        text: String,
+    },
+    ToolUse {
+        #[serde(default)]
+        id: String,
+        name: String,
+        /// The call's arguments, passed through (`{}` when absent).
+        #[serde(default)]
+        input: Option<Value>,
+    },
+    ToolResult {
+        #[serde(default)]
+        content: Option<ToolResultContent>,
+    },
+    /// Earlier thinking, for families that keep it.
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+    },
+    RedactedThinking,
+}
+
+/// A tool result's `content`: text, or blocks of which those with text
+/// count (one a line); anything else reaches the model as its JSON text.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolResultContent {
+    Content(TextOr<ResultBlock>),
+    Json(Value),
+}
+
+/// A block of a tool result (text; images and the like are skipped).
+#[derive(Debug, Deserialize)]
+pub struct ResultBlock {
+    #[serde(default)]
+    pub text: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -96,148 +128,106 @@ pub struct WireTool {
 }
 
 #[derive(Debug, Deserialize)]
-pub struct WireToolChoice {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub name: Option<String>,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WireToolChoice {
+    Auto,
+    Any,
+    None,
+    Tool { name: String },
 }
 
-/// The text of a block list (text blocks only; others are an error).
-fn plain(t: &Text, what: &str) -> Result<String, ApiError> {
-    match t {
-        Text::Plain(s) => Ok(s.clone()),
-        Text::Blocks(blocks) => {
-            let mut s = String::new();
-            for b in blocks {
-                match b.get("type").and_then(Value::as_str) {
-                    Some("text") => s.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
-                    other => {
-                        return Err(ApiError::bad(
-                            format!(
-                                "{what}: block type {other:?} is not supported here (text only)"
-                            ),
-                            "messages",
-                        ))
-                    }
-                }
-            }
-            Ok(s)
+impl From<&WireToolChoice> for ToolChoice {
+    fn from(c: &WireToolChoice) -> ToolChoice {
+        match c {
+            WireToolChoice::Auto => ToolChoice::Auto,
+            WireToolChoice::Any => ToolChoice::Required,
+            WireToolChoice::None => ToolChoice::None,
+            WireToolChoice::Tool { name } => ToolChoice::Named(name.clone()),
         }
     }
 }
 
-fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
+/// The text of the system prompt.
+fn system_text(t: &TextOr<TextBlock>) -> String {
+    match t {
+        TextOr::Text(s) => s.clone(),
+        TextOr::List(blocks) => blocks
+            .iter()
+            .map(|TextBlock::Text { text }| text.as_str())
+            .collect(),
+    }
+}
+
+/// A tool result's text.
+fn result_text(content: &Option<ToolResultContent>) -> String {
+    match content {
+        None => String::new(),
+        Some(ToolResultContent::Content(TextOr::Text(s))) => s.clone(),
+        Some(ToolResultContent::Content(TextOr::List(blocks))) => blocks
+            .iter()
+            .filter_map(|b| b.text.as_deref())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Some(ToolResultContent::Json(v)) => v.to_string(),
+    }
+}
+
+/// The request as a conversation; `body` is the request's bytes (its
+/// tools as the client wrote them).
+fn conversation(req: &MessagesRequest, body: &[u8]) -> Conversation {
     let mut c = Conversation::default();
     if let Some(s) = &req.system {
-        let s = plain(s, "system")?;
+        let s = system_text(s);
         if !s.is_empty() {
             c.push_text(Role::System, &s);
         }
     }
-    for (i, m) in req.messages.iter().enumerate() {
-        let role = match m.role.as_str() {
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            "system" => Role::System,
-            other => {
-                return Err(ApiError::bad(
-                    format!("messages.{i}.role {other:?} is not one of user, assistant"),
-                    "messages",
-                ))
-            }
-        };
+    for m in &req.messages {
+        let role = Role::from(m.role);
         let blocks = match &m.content {
-            Text::Plain(s) => {
+            TextOr::Text(s) => {
                 c.push_text(role, s);
                 continue;
             }
-            Text::Blocks(b) => b,
+            TextOr::List(b) => b,
         };
-        for (j, b) in blocks.iter().enumerate() {
-            let field = |k: &str| b.get(k).and_then(Value::as_str).map(str::to_string);
-            match b.get("type").and_then(Value::as_str) {
-                Some("text") => c.push_text(role, &field("text").unwrap_or_default()),
-                Some("tool_use") => {
-                    let call = ToolCall {
-                        id: field("id").unwrap_or_default(),
-                        name: field("name").ok_or_else(|| {
-                            ApiError::bad(format!("messages.{i}.content.{j}: tool_use needs a name"), "messages")
-                        })?,
-                        arguments: b.get("input").cloned().unwrap_or_else(|| json!({})).to_string(),
-                    };
-                    match c.turns.last_mut() {
-                        Some(t) if t.role == Role::Assistant => t.calls.push(call),
-                        _ => {
-                            let mut t = Turn::new(Role::Assistant, "");
-                            t.calls.push(call);
-                            c.turns.push(t);
-                        }
-                    }
+        for b in blocks {
+            match b {
+                ContentBlock::Text { text } => c.push_text(role, text),
+                ContentBlock::ToolUse { id, name, input } => convo::push_call(
+                    &mut c,
+                    ToolCall {
+                        id: id.clone(),
+                        name: name.clone(),
+                        arguments: input
+                            .as_ref()
+                            .map_or_else(|| "{}".to_string(), Value::to_string),
+                    },
+                ),
+                ContentBlock::ToolResult { content } => {
+                    c.turns.push(Turn::new(Role::Tool, result_text(content)));
                 }
-                Some("tool_result") => {
-                    let content = match b.get("content") {
-                        None | Some(Value::Null) => String::new(),
-                        Some(Value::String(s)) => s.clone(),
-                        Some(Value::Array(parts)) => parts
-                            .iter()
-                            .filter_map(|p| p.get("text").and_then(Value::as_str))
-                            .collect::<Vec<_>>()
-                            .join("\n"),
-                        Some(other) => other.to_string(),
-                    };
-                    c.turns.push(Turn::new(Role::Tool, content));
+                ContentBlock::Thinking { thinking } if role == Role::Assistant => {
+                    c.push_reasoning(thinking)
                 }
-                // Earlier thinking, for families that keep it.
-                Some("thinking") if role == Role::Assistant => {
-                    c.push_reasoning(&field("thinking").unwrap_or_default())
-                }
-                Some("thinking" | "redacted_thinking") => {}
-                other => {
-                    return Err(ApiError::bad(
-                        format!("messages.{i}.content.{j}: block type {other:?} is not supported (text, tool_use, tool_result, thinking)"),
-                        "messages",
-                    ))
-                }
+                ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking => {}
             }
         }
     }
-    c.tools = req
-        .tools
-        .iter()
-        .filter(|t| t.input_schema.is_some())
-        .map(|t| ToolSpec {
+    let functions = req.tools.iter().map(|t| {
+        t.input_schema.as_ref().map(|schema| FunctionDef {
             name: t.name.clone(),
             description: t.description.clone(),
-            parameters: schema_or_empty(t.input_schema.clone()),
-            raw: None,
+            parameters: Some(schema.clone()),
         })
-        .collect();
-    c.choice = match &req.tool_choice {
-        None => ToolChoice::Auto,
-        Some(tc) => match (tc.kind.as_str(), &tc.name) {
-            ("auto", _) => ToolChoice::Auto,
-            ("none", _) => ToolChoice::None,
-            ("any", _) => ToolChoice::Required,
-            ("tool", Some(n)) => ToolChoice::Named(n.clone()),
-            _ => {
-                return Err(ApiError::bad(
-                    "tool_choice.type must be auto, any, none, or tool with a name",
-                    "tool_choice",
-                ))
-            }
-        },
-    };
-    c.thinking = match req
-        .thinking
+    });
+    c.tools = convo::tool_specs(functions.collect(), body, ToolShape::Flat("input_schema"));
+    c.choice = req
+        .tool_choice
         .as_ref()
-        .and_then(|t| t.get("type"))
-        .and_then(Value::as_str)
-    {
-        Some("disabled") => Some(Thinking::Off),
-        Some(_) => Some(Thinking::High),
-        None => None,
-    };
-    Ok(c)
+        .map_or(ToolChoice::Auto, ToolChoice::from);
+    c.thinking = req.thinking.as_ref().and_then(ThinkingConfig::mode);
+    c
 }
 
 async fn render(
@@ -245,8 +235,7 @@ async fn render(
     req: &MessagesRequest,
     body: &[u8],
 ) -> Result<Rendered, ApiError> {
-    let mut convo = conversation(req)?;
-    attach_raw_tools(&mut convo, body);
+    let convo = conversation(req, body);
     convo::render(&state.chat, convo, state.render_options()).await
 }
 
@@ -642,6 +631,8 @@ impl Shape for MessagesStream {
 mod tests {
     use super::*;
     use crate::api::run::testing::{drive, envelope_run, events, failing_run, thinking_run};
+    use ds4_model::chat::Thinking;
+    use serde_json::json;
 
     fn shape() -> MessagesStream {
         MessagesStream {
@@ -762,8 +753,7 @@ mod tests {
         };
         let prompt = |b: &str| {
             let req: MessagesRequest = serde_json::from_str(b).unwrap();
-            let mut c = conversation(&req).unwrap();
-            attach_raw_tools(&mut c, b.as_bytes());
+            let c = conversation(&req, b.as_bytes());
             (c.thinking, api_prompt(&c, &Default::default()))
         };
         let (thinking, p) = prompt(&body(r#"{"type":"enabled","budget_tokens":1024}"#));
@@ -807,5 +797,57 @@ mod tests {
         assert_eq!(body["type"], "error");
         assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(body["error"]["message"], "nope");
+    }
+
+    fn refusal(body: &str) -> (String, Option<String>) {
+        crate::api::error::testing::refusal::<MessagesRequest>(body)
+    }
+
+    #[test]
+    fn malformed_blocks_are_refused_with_their_place() {
+        let (m, param) = refusal(
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image","source":{}}]}]}"#,
+        );
+        assert!(
+            m.contains("messages[0].content[1].type: unknown variant `image`"),
+            "{m}"
+        );
+        assert!(m.contains("`tool_result`"), "{m}");
+        assert_eq!(param.as_deref(), Some("messages"));
+        let (m, _) = refusal(
+            r#"{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","input":{}}]}]}"#,
+        );
+        assert!(
+            m.contains("messages[0].content[0]: missing field `name`"),
+            "{m}"
+        );
+        let (m, param) = refusal(r#"{"messages":[],"tool_choice":{"type":"tool"}}"#);
+        assert!(m.contains("tool_choice: missing field `name`"), "{m}");
+        assert_eq!(param.as_deref(), Some("tool_choice"));
+        let (m, param) = refusal(r#"{"messages":[],"system":[{"type":"image"}]}"#);
+        assert!(m.contains("system[0].type: unknown variant `image`"), "{m}");
+        assert_eq!(param.as_deref(), Some("system"));
+    }
+
+    #[test]
+    fn tools_results_and_choices_read_from_the_wire() {
+        let body = r#"{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f"},{"type":"tool_use","id":"b","name":"f","input":{"x":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":[{"type":"text","text":"one"},{"type":"image","source":{}},{"type":"text","text":"two"}]},{"type":"tool_result","tool_use_id":"b","content":{"ok":true}},{"type":"redacted_thinking","data":"x"}]}],"tools":[{"type":"web_search_20250305","name":"web_search"},{"name":"f","input_schema":{ "type": "object" }}],"tool_choice":{"type":"any","disable_parallel_tool_use":true},"thinking":{"type":"disabled"}}"#;
+        let req: MessagesRequest = serde_json::from_str(body).unwrap();
+        let c = conversation(&req, body.as_bytes());
+        let calls = &c.turns[0].calls;
+        assert_eq!(calls[0].arguments, "{}");
+        assert_eq!(calls[1].arguments, r#"{"x":1}"#);
+        assert_eq!(c.turns[1].text, "one\ntwo");
+        assert_eq!(c.turns[2].text, r#"{"ok":true}"#);
+        assert_eq!(c.turns.len(), 3);
+        // The server tool is skipped; the schema reaches the model in the
+        // client's bytes.
+        assert_eq!(c.tools.len(), 1);
+        assert_eq!(
+            c.tools[0].raw.as_deref(),
+            Some(r#"{"name":"f","parameters":{ "type": "object" }}"#)
+        );
+        assert_eq!(c.choice, ToolChoice::Required);
+        assert_eq!(c.thinking, Some(Thinking::Off));
     }
 }

@@ -285,6 +285,22 @@ pub async fn not_found(uri: Uri) -> ApiError {
     ApiError::NotFound(uri.path().to_string())
 }
 
+/// Refusals of request bodies, for the surfaces' tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// The message and param of the refusal of `body` as a `T`.
+    pub fn refusal<T: serde::de::DeserializeOwned + std::fmt::Debug>(
+        body: &str,
+    ) -> (String, Option<String>) {
+        match parse_json::<T>(body.as_bytes()) {
+            Err(ApiError::BadRequest { message, param }) => (message, param.map(Cow::into_owned)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,10 +319,7 @@ mod tests {
     }
 
     fn refusal(body: &str) -> (String, Option<String>) {
-        match parse_json::<Request>(body.as_bytes()) {
-            Err(ApiError::BadRequest { message, param }) => (message, param.map(Cow::into_owned)),
-            other => panic!("{other:?}"),
-        }
+        testing::refusal::<Request>(body)
     }
 
     #[test]

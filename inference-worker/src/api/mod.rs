@@ -261,19 +261,14 @@ impl SamplingFields {
 }
 
 /// `stop`: one string or a list of at most 16.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
+pub type Stop = convo::TextOr<String>;
 
 pub fn stop_list(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
     match stop {
         None => Ok(Vec::new()),
-        Some(Stop::One(s)) => Ok(vec![s]),
-        Some(Stop::Many(v)) if v.len() <= 16 => Ok(v),
-        Some(Stop::Many(_)) => Err(ApiError::bad("at most 16 stop strings are allowed", "stop")),
+        Some(Stop::Text(s)) => Ok(vec![s]),
+        Some(Stop::List(v)) if v.len() <= 16 => Ok(v),
+        Some(Stop::List(_)) => Err(ApiError::bad("at most 16 stop strings are allowed", "stop")),
     }
 }
 
@@ -356,4 +351,34 @@ fn cors_headers(h: &mut HeaderMap) {
         HeaderValue::from_static("*"),
     );
     h.insert("access-control-max-age", HeaderValue::from_static("86400"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::error::testing::refusal;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct WithStop {
+        stop: Option<Stop>,
+    }
+
+    fn stops(body: &str) -> Result<Vec<String>, ApiError> {
+        stop_list(serde_json::from_str::<WithStop>(body).unwrap().stop)
+    }
+
+    #[test]
+    fn stop_is_one_string_or_a_few() {
+        assert_eq!(stops(r#"{"stop":"x"}"#).unwrap(), ["x"]);
+        assert_eq!(stops(r#"{"stop":["x","y"]}"#).unwrap(), ["x", "y"]);
+        assert!(stops(r#"{}"#).unwrap().is_empty());
+        let many = format!(r#"{{"stop":{:?}}}"#, vec!["s"; 17]);
+        assert!(stops(&many).is_err());
+        let (m, param) = refusal::<WithStop>(r#"{"stop":["x",5]}"#);
+        assert!(m.contains("stop[1]: invalid type: integer `5`"), "{m}");
+        assert_eq!(param.as_deref(), Some("stop"));
+        let (m, _) = refusal::<WithStop>(r#"{"stop":5}"#);
+        assert!(m.contains("expected a string or a list"), "{m}");
+    }
 }

@@ -6,14 +6,13 @@ use axum::body::Bytes;
 use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use super::convo;
+use super::convo::{self, FunctionDef, TextOr, ThinkingConfig, ToolShape};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{one_choice, stop_list, ApiError, AppState, Reply, SamplingFields, Stop, Surface};
 use crate::generate::{FinishReason, TokenLogprobs};
 use ds4_model::chat::{
-    new_call_id, Chat, Conversation, Role, Thinking, ToolCall, ToolChoice, ToolSpec, Turn,
+    new_call_id, Chat, Conversation, Role, Thinking, ToolCall, ToolChoice, Turn,
 };
 
 #[derive(Debug, Deserialize)]
@@ -30,7 +29,7 @@ pub struct ChatRequest {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub tools: Option<Vec<WireTool>>,
-    pub tool_choice: Option<Value>,
+    pub tool_choice: Option<WireToolChoice>,
     pub response_format: Option<ResponseFormat>,
     pub n: Option<u32>,
     #[serde(default)]
@@ -42,57 +41,7 @@ pub struct ChatRequest {
     /// that think.
     pub reasoning_effort: Option<String>,
     /// `{"type": "enabled" | "disabled"}` (DeepSeek's API).
-    pub thinking: Option<Value>,
-}
-
-/// The request's tools as raw JSON, to show DSML the client's bytes.
-#[derive(Deserialize)]
-struct RawTools<'a> {
-    #[serde(borrow, default)]
-    tools: Option<Vec<RawTool<'a>>>,
-}
-
-#[derive(Deserialize)]
-struct RawTool<'a> {
-    #[serde(rename = "type", default)]
-    kind: String,
-    #[serde(borrow, default)]
-    function: Option<&'a serde_json::value::RawValue>,
-}
-
-/// Attach each function tool's raw `function` object to its spec.
-fn attach_raw_tools(c: &mut Conversation, body: &[u8]) {
-    let Ok(raw) = serde_json::from_slice::<RawTools<'_>>(body) else {
-        return;
-    };
-    let raw = raw
-        .tools
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.kind == "function")
-        .filter_map(|t| t.function);
-    for (spec, r) in c.tools.iter_mut().zip(raw) {
-        spec.raw = Some(r.get().to_string());
-    }
-}
-
-/// The thinking mode a chat request asks for.
-fn thinking(req: &ChatRequest) -> Result<Option<Thinking>, ApiError> {
-    if let Some(e) = &req.reasoning_effort {
-        return convo::effort(e, "reasoning_effort").map(Some);
-    }
-    Ok(
-        match req
-            .thinking
-            .as_ref()
-            .and_then(|t| t.get("type"))
-            .and_then(Value::as_str)
-        {
-            Some("disabled") => Some(Thinking::Off),
-            Some(_) => Some(Thinking::High),
-            None => None,
-        },
-    )
+    pub thinking: Option<ThinkingConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,9 +58,10 @@ pub struct ResponseFormat {
 
 #[derive(Debug, Deserialize)]
 pub struct WireMessage {
-    pub role: String,
+    pub role: WireRole,
+    /// A string, or a list of parts.
     #[serde(default)]
-    pub content: Option<Content>,
+    pub content: Option<TextOr<ContentPart>>,
     #[serde(default)]
     pub tool_calls: Vec<WireToolCall>,
     /// An assistant message's reasoning, sent back.
@@ -119,20 +69,32 @@ pub struct WireMessage {
     pub reasoning_content: Option<String>,
 }
 
-/// Message content: a string, or an array of parts of which text parts count.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireRole {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
 }
 
+impl From<WireRole> for Role {
+    fn from(r: WireRole) -> Role {
+        match r {
+            WireRole::System | WireRole::Developer => Role::System,
+            WireRole::User => Role::User,
+            WireRole::Assistant => Role::Assistant,
+            WireRole::Tool => Role::Tool,
+        }
+    }
+}
+
+/// A content part: text is all the model reads.
 #[derive(Debug, Deserialize)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub text: Option<String>,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    Text { text: String },
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -154,75 +116,85 @@ pub struct WireFunction {
     pub arguments: String,
 }
 
+/// A tool: functions are offered to the model, other kinds are skipped.
 #[derive(Debug, Deserialize)]
-pub struct WireTool {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub function: Option<ToolSpec>,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WireTool {
+    Function {
+        function: FunctionDef,
+    },
+    #[serde(other)]
+    Other,
 }
 
-/// OpenAI's `tool_choice`, shared with the Responses surface.
-pub fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
-    let bad = || {
-        ApiError::bad(
-            "tool_choice must be \"auto\", \"none\", \"required\" or a named function",
-            "tool_choice",
-        )
-    };
-    Ok(match v {
-        None | Some(Value::Null) => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            _ => return Err(bad()),
-        },
-        Some(Value::Object(o)) => {
-            let name = o
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .or_else(|| o.get("name"))
-                .and_then(Value::as_str)
-                .ok_or_else(bad)?;
-            ToolChoice::Named(name.to_string())
-        }
-        Some(_) => return Err(bad()),
-    })
+/// OpenAI's `tool_choice`, shared with the Responses surface: a mode or
+/// a named function.
+#[derive(Debug, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "must be \"auto\", \"none\", \"required\" or a named function"
+)]
+pub enum WireToolChoice {
+    Mode(ChoiceMode),
+    /// `{"type": "function", "function": {"name": ...}}` (Chat Completions).
+    Function {
+        function: FunctionName,
+    },
+    /// `{"type": "function", "name": ...}` (Responses).
+    Named {
+        name: String,
+    },
 }
 
-fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
-    let mut c = Conversation::default();
-    for (i, m) in req.messages.drain(..).enumerate() {
-        let role = match m.role.as_str() {
-            "system" | "developer" => Role::System,
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            "tool" => Role::Tool,
-            other => {
-                return Err(ApiError::bad(
-                    format!("messages[{i}].role {other:?} is not one of system, developer, user, assistant, tool"),
-                    "messages",
-                ))
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChoiceMode {
+    Auto,
+    None,
+    Required,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionName {
+    pub name: String,
+}
+
+impl WireToolChoice {
+    pub fn choice(&self) -> ToolChoice {
+        match self {
+            WireToolChoice::Mode(ChoiceMode::Auto) => ToolChoice::Auto,
+            WireToolChoice::Mode(ChoiceMode::None) => ToolChoice::None,
+            WireToolChoice::Mode(ChoiceMode::Required) => ToolChoice::Required,
+            WireToolChoice::Function {
+                function: FunctionName { name },
             }
-        };
+            | WireToolChoice::Named { name } => ToolChoice::Named(name.clone()),
+        }
+    }
+}
+
+/// The thinking mode a chat request asks for: `reasoning_effort`, else
+/// `thinking`.
+fn thinking(req: &ChatRequest) -> Result<Option<Thinking>, ApiError> {
+    match &req.reasoning_effort {
+        Some(e) => convo::effort(e, "reasoning_effort").map(Some),
+        None => Ok(req.thinking.as_ref().and_then(ThinkingConfig::mode)),
+    }
+}
+
+/// The request as a conversation; `body` is the request's bytes (its
+/// tools as the client wrote them).
+fn conversation(req: &mut ChatRequest, body: &[u8]) -> Result<Conversation, ApiError> {
+    let mut c = Conversation::default();
+    for m in req.messages.drain(..) {
+        let role = Role::from(m.role);
         let text = match m.content {
             None => String::new(),
-            Some(Content::Text(t)) => t,
-            Some(Content::Parts(parts)) => {
-                let mut text = String::new();
-                for (j, p) in parts.into_iter().enumerate() {
-                    match (p.kind.as_str(), p.text) {
-                        ("text", Some(t)) => text.push_str(&t),
-                        (kind, _) => {
-                            return Err(ApiError::bad(
-                                format!("messages[{i}].content[{j}]: part type {kind:?} is not supported (text only)"),
-                                "messages",
-                            ))
-                        }
-                    }
-                }
-                text
-            }
+            Some(TextOr::Text(t)) => t,
+            Some(TextOr::List(parts)) => parts
+                .into_iter()
+                .map(|ContentPart::Text { text }| text)
+                .collect(),
         };
         let mut turn = Turn::new(role, text);
         turn.reasoning = m.reasoning_content.filter(|_| role == Role::Assistant);
@@ -237,15 +209,16 @@ fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
             .collect();
         c.turns.push(turn);
     }
-    c.tools = req
-        .tools
-        .take()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.kind == "function")
-        .filter_map(|t| t.function)
-        .collect();
-    c.choice = tool_choice(req.tool_choice.as_ref())?;
+    let tools = req.tools.take().unwrap_or_default().into_iter();
+    let functions = tools.map(|t| match t {
+        WireTool::Function { function } => Some(function),
+        WireTool::Other => None,
+    });
+    c.tools = convo::tool_specs(functions.collect(), body, ToolShape::Nested);
+    c.choice = req
+        .tool_choice
+        .as_ref()
+        .map_or(ToolChoice::Auto, WireToolChoice::choice);
     c.thinking = thinking(req)?;
     Ok(c)
 }
@@ -266,8 +239,7 @@ impl Surface for ChatRequest {
         }
         let sampling = self.sampling.params()?;
         let stop = stop_list(self.stop.take())?;
-        let mut convo = conversation(&mut self)?;
-        attach_raw_tools(&mut convo, &body);
+        let convo = conversation(&mut self, &body)?;
         let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
         let logprobs = self
             .logprobs
@@ -658,16 +630,22 @@ impl Shape for ChatStream {
 mod tests {
     use super::*;
     use crate::api::run::testing::{drive, envelope_run};
+    use serde_json::Value;
 
-    #[tokio::test]
-    async fn streamed_tool_calls_have_the_chat_chunk_shape() {
-        let shape = ChatStream {
+    /// The streaming shape of a test run.
+    fn stream(include_usage: bool) -> ChatStream {
+        ChatStream {
             id: "chatcmpl-1".into(),
             created: 1,
             model: "m".into(),
             chat: None,
-            include_usage: true,
-        };
+            include_usage,
+        }
+    }
+
+    #[tokio::test]
+    async fn streamed_tool_calls_have_the_chat_chunk_shape() {
+        let shape = stream(true);
         let frames = drive(envelope_run(None), shape).await;
         assert!(frames.iter().all(|f| f.event.is_none()));
         assert_eq!(frames.last().unwrap().data, "[DONE]");
@@ -703,13 +681,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_error_after_the_stream_started_is_an_error_chunk() {
-        let shape = ChatStream {
-            id: "chatcmpl-1".into(),
-            created: 1,
-            model: "m".into(),
-            chat: None,
-            include_usage: true,
-        };
+        let shape = stream(true);
         let frames = drive(crate::api::run::testing::failing_run(&["Hi"]), shape).await;
         let n = frames.len();
         assert_eq!(frames[n - 1].data, "[DONE]");
@@ -720,13 +692,7 @@ mod tests {
     #[tokio::test]
     async fn a_deepseek_dsml_call_is_a_chat_tool_call_with_streamed_arguments() {
         use crate::api::run::testing::{dsml_run, DSML_ARGS, DSML_REASONING};
-        let shape = ChatStream {
-            id: "chatcmpl-1".into(),
-            created: 1,
-            model: "m".into(),
-            chat: None,
-            include_usage: false,
-        };
+        let shape = stream(false);
         let frames = drive(dsml_run(None), shape).await;
         let chunks: Vec<Value> = frames[..frames.len() - 1]
             .iter()
@@ -793,8 +759,7 @@ mod tests {
 
     fn prompt_of(body: &str, store: &ReplayStore) -> (Conversation, String) {
         let mut req: ChatRequest = serde_json::from_str(body).unwrap();
-        let mut c = conversation(&mut req).unwrap();
-        attach_raw_tools(&mut c, body.as_bytes());
+        let c = conversation(&mut req, body.as_bytes()).unwrap();
         let p = api_prompt(&c, store);
         (c, p)
     }
@@ -817,10 +782,9 @@ mod tests {
             &store,
         );
         assert_eq!(c.thinking, Some(Thinking::Off));
-        let mut req: ChatRequest =
-            serde_json::from_str(&spec_request("c", "{}", r#","reasoning_effort":"huge""#))
-                .unwrap();
-        assert!(conversation(&mut req).is_err());
+        let body = spec_request("c", "{}", r#","reasoning_effort":"huge""#);
+        let mut req: ChatRequest = serde_json::from_str(&body).unwrap();
+        assert!(conversation(&mut req, body.as_bytes()).is_err());
     }
 
     #[tokio::test]
@@ -867,13 +831,7 @@ mod tests {
 
     #[tokio::test]
     async fn reasoning_goes_out_as_reasoning_content() {
-        let shape = ChatStream {
-            id: "chatcmpl-1".into(),
-            created: 1,
-            model: "m".into(),
-            chat: None,
-            include_usage: false,
-        };
+        let shape = stream(false);
         let frames = drive(crate::api::run::testing::thinking_run(), shape).await;
         let chunks: Vec<Value> = frames[..frames.len() - 1]
             .iter()
@@ -889,15 +847,79 @@ mod tests {
         assert_eq!(field("content"), "Paris.");
     }
 
+    fn refusal(body: &str) -> (String, Option<String>) {
+        crate::api::error::testing::refusal::<ChatRequest>(body)
+    }
+
+    #[test]
+    fn malformed_messages_are_refused_with_their_place() {
+        let (m, param) = refusal(
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
+        );
+        assert!(
+            m.contains("messages[0].content[1].type: unknown variant `image_url`, expected `text`"),
+            "{m}"
+        );
+        assert_eq!(param.as_deref(), Some("messages"));
+        let (m, param) = refusal(r#"{"messages":[{"role":"wizard","content":"x"}]}"#);
+        assert!(
+            m.contains("messages[0].role: unknown variant `wizard`"),
+            "{m}"
+        );
+        assert_eq!(param.as_deref(), Some("messages"));
+        let (m, _) = refusal(r#"{"messages":[{"role":"user","content":5}]}"#);
+        assert!(
+            m.starts_with("invalid JSON body: messages[0].content: invalid type"),
+            "{m}"
+        );
+        let (m, param) =
+            refusal(r#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"}"#);
+        assert!(
+            m.contains(r#"tool_choice: must be "auto", "none", "required" or a named function"#),
+            "{m}"
+        );
+        assert_eq!(param.as_deref(), Some("tool_choice"));
+        let (m, param) = refusal(
+            r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}"#,
+        );
+        assert!(m.contains("tools[0]: missing field `function`"), "{m}");
+        assert_eq!(param.as_deref(), Some("tools"));
+    }
+
+    #[test]
+    fn tools_choices_and_thinking_read_from_the_wire() {
+        let body = r#"{"messages":[{"role":"developer","content":[{"type":"text","text":"Be brief."}]},{"role":"user","content":"Ping?"}],"tools":[{"type":"custom","custom":{"name":"grammar"}},{"type":"function","function":{ "name": "ping" }}],"tool_choice":{"type":"function","function":{"name":"ping"}},"thinking":{"type":"adaptive"}}"#;
+        let mut req: ChatRequest = serde_json::from_str(body).unwrap();
+        let c = conversation(&mut req, body.as_bytes()).unwrap();
+        assert_eq!(c.turns[0].role, Role::System);
+        assert_eq!(c.turns[0].text, "Be brief.");
+        // The custom tool is skipped; a function without parameters takes
+        // none, and the model is shown the client's own bytes.
+        assert_eq!(c.tools.len(), 1);
+        assert_eq!(c.tools[0].name, "ping");
+        assert_eq!(c.tools[0].parameters, convo::empty_schema());
+        assert_eq!(c.tools[0].raw.as_deref(), Some(r#"{ "name": "ping" }"#));
+        assert_eq!(c.choice, ToolChoice::Named("ping".into()));
+        assert_eq!(c.thinking, Some(Thinking::High));
+        for (choice, expected) in [
+            (r#""none""#, ToolChoice::None),
+            (r#""required""#, ToolChoice::Required),
+            (r#"null"#, ToolChoice::Auto),
+            (
+                r#"{"type":"function","name":"ping"}"#,
+                ToolChoice::Named("ping".into()),
+            ),
+        ] {
+            let body = format!(r#"{{"messages":[],"tool_choice":{choice}}}"#);
+            let mut req: ChatRequest = serde_json::from_str(&body).unwrap();
+            let c = conversation(&mut req, body.as_bytes()).unwrap();
+            assert_eq!(c.choice, expected, "{choice}");
+        }
+    }
+
     #[tokio::test]
     async fn chunk_deltas_have_exactly_the_chat_fields() {
-        let shape = ChatStream {
-            id: "chatcmpl-1".into(),
-            created: 1,
-            model: "m".into(),
-            chat: None,
-            include_usage: false,
-        };
+        let shape = stream(false);
         let frames = drive(envelope_run(None), shape).await;
         let deltas: Vec<Value> = frames[..frames.len() - 1]
             .iter()

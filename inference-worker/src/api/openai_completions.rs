@@ -46,7 +46,10 @@ pub struct StreamOptions {
 
 /// A prompt: text or token ids, alone or as a one-element batch.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a string, a list of token ids, or a list of one of those"
+)]
 pub enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
