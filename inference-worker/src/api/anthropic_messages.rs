@@ -4,23 +4,16 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::convo::{self, schema_or_empty};
-use super::error::parse_json;
+use super::convo::{self, FunctionDef, TextOr, ThinkingConfig, ToolShape};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
-use super::{ApiError, AppState, Reply, SamplingFields};
+use super::{ApiError, AppState, Reply, SamplingFields, Surface};
 use crate::generate::FinishReason;
-use ds4_model::chat::{
-    new_call_id, Conversation, Rendered, Role, Thinking, ToolCall, ToolChoice, ToolSpec, Turn,
-};
-
-const SURFACE: &str = "messages";
+use ds4_model::chat::{new_call_id, Conversation, Rendered, Role, ToolCall, ToolChoice, Turn};
 
 /// A Messages request. Fields we do not act on (`metadata`,
 /// `context_management`, `output_config`, ...) are accepted and ignored.
@@ -31,7 +24,8 @@ pub struct MessagesRequest {
     #[serde(default)]
     pub model: String,
     pub max_tokens: Option<u32>,
-    pub system: Option<Text>,
+    /// A string, or a list of text blocks.
+    pub system: Option<TextOr<TextBlock>>,
     pub messages: Vec<WireMessage>,
     #[serde(default)]
     pub tools: Vec<WireTool>,
@@ -43,53 +37,86 @@ pub struct MessagesRequest {
     #[serde(default)]
     pub stream: bool,
     /// `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`.
-    pub thinking: Option<Value>,
-}
-
-/// The request's tools with their raw `input_schema`, to show DSML the
-/// client's bytes.
-#[derive(Deserialize)]
-struct RawTools<'a> {
-    #[serde(borrow, default)]
-    tools: Vec<RawTool<'a>>,
-}
-
-#[derive(Deserialize)]
-struct RawTool<'a> {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    description: Option<String>,
-    #[serde(borrow, default)]
-    input_schema: Option<&'a serde_json::value::RawValue>,
-}
-
-fn attach_raw_tools(c: &mut Conversation, body: &[u8]) {
-    let Ok(raw) = serde_json::from_slice::<RawTools<'_>>(body) else {
-        return;
-    };
-    let raw = raw.tools.into_iter().filter(|t| t.input_schema.is_some());
-    for (spec, r) in c.tools.iter_mut().zip(raw) {
-        spec.raw = Some(convo::function_json(
-            &r.name,
-            r.description.as_deref(),
-            r.input_schema.map(|p| p.get()),
-        ));
-    }
-}
-
-/// A string or a list of content blocks.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Text {
-    Plain(String),
-    Blocks(Vec<Value>),
+    pub thinking: Option<ThinkingConfig>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct WireMessage {
-    pub role: String,
-    pub content: Text,
+    pub role: WireRole,
+    /// A string, or a list of content blocks.
+    pub content: TextOr<ContentBlock>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireRole {
+    User,
+    Assistant,
+    System,
+}
+
+impl From<WireRole> for Role {
+    fn from(r: WireRole) -> Role {
+        match r {
+            WireRole::User => Role::User,
+            WireRole::Assistant => Role::Assistant,
+            WireRole::System => Role::System,
+        }
+    }
+}
+
+/// A block of the system prompt: text only.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TextBlock {
+    Text {
+        #[serde(default)]
+        text: String,
+    },
+}
+
+/// A block of a message's content.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock {
+    Text {
+        #[serde(default)]
+        text: String,
+    },
+    ToolUse {
+        #[serde(default)]
+        id: String,
+        name: String,
+        /// The call's arguments, passed through (`{}` when absent).
+        #[serde(default)]
+        input: Option<Value>,
+    },
+    ToolResult {
+        #[serde(default)]
+        content: Option<ToolResultContent>,
+    },
+    /// Earlier thinking, for families that keep it.
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+    },
+    RedactedThinking,
+}
+
+/// A tool result's `content`: text, or blocks of which those with text
+/// count (one a line); anything else reaches the model as its JSON text.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolResultContent {
+    Content(TextOr<ResultBlock>),
+    Json(Value),
+}
+
+/// A block of a tool result (text; images and the like are skipped).
+#[derive(Debug, Deserialize)]
+pub struct ResultBlock {
+    #[serde(default)]
+    pub text: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -101,155 +128,106 @@ pub struct WireTool {
 }
 
 #[derive(Debug, Deserialize)]
-pub struct WireToolChoice {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub name: Option<String>,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WireToolChoice {
+    Auto,
+    Any,
+    None,
+    Tool { name: String },
 }
 
-/// The text of a block list (text blocks only; others are an error).
-fn plain(t: &Text, what: &str) -> Result<String, ApiError> {
-    match t {
-        Text::Plain(s) => Ok(s.clone()),
-        Text::Blocks(blocks) => {
-            let mut s = String::new();
-            for b in blocks {
-                match b.get("type").and_then(Value::as_str) {
-                    Some("text") => s.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
-                    other => {
-                        return Err(ApiError::bad(
-                            format!(
-                                "{what}: block type {other:?} is not supported here (text only)"
-                            ),
-                            "messages",
-                        ))
-                    }
-                }
-            }
-            Ok(s)
+impl From<&WireToolChoice> for ToolChoice {
+    fn from(c: &WireToolChoice) -> ToolChoice {
+        match c {
+            WireToolChoice::Auto => ToolChoice::Auto,
+            WireToolChoice::Any => ToolChoice::Required,
+            WireToolChoice::None => ToolChoice::None,
+            WireToolChoice::Tool { name } => ToolChoice::Named(name.clone()),
         }
     }
 }
 
-fn conversation(req: &MessagesRequest) -> Result<Conversation, ApiError> {
+/// The text of the system prompt.
+fn system_text(t: &TextOr<TextBlock>) -> String {
+    match t {
+        TextOr::Text(s) => s.clone(),
+        TextOr::List(blocks) => blocks
+            .iter()
+            .map(|TextBlock::Text { text }| text.as_str())
+            .collect(),
+    }
+}
+
+/// A tool result's text.
+fn result_text(content: &Option<ToolResultContent>) -> String {
+    match content {
+        None => String::new(),
+        Some(ToolResultContent::Content(TextOr::Text(s))) => s.clone(),
+        Some(ToolResultContent::Content(TextOr::List(blocks))) => blocks
+            .iter()
+            .filter_map(|b| b.text.as_deref())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Some(ToolResultContent::Json(v)) => v.to_string(),
+    }
+}
+
+/// The request as a conversation; `body` is the request's bytes (its
+/// tools as the client wrote them).
+fn conversation(req: &MessagesRequest, body: &[u8]) -> Conversation {
     let mut c = Conversation::default();
     if let Some(s) = &req.system {
-        let s = plain(s, "system")?;
+        let s = system_text(s);
         if !s.is_empty() {
             c.push_text(Role::System, &s);
         }
     }
-    for (i, m) in req.messages.iter().enumerate() {
-        let role = match m.role.as_str() {
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            "system" => Role::System,
-            other => {
-                return Err(ApiError::bad(
-                    format!("messages.{i}.role {other:?} is not one of user, assistant"),
-                    "messages",
-                ))
-            }
-        };
+    for m in &req.messages {
+        let role = Role::from(m.role);
         let blocks = match &m.content {
-            Text::Plain(s) => {
+            TextOr::Text(s) => {
                 c.push_text(role, s);
                 continue;
             }
-            Text::Blocks(b) => b,
+            TextOr::List(b) => b,
         };
-        for (j, b) in blocks.iter().enumerate() {
-            let field = |k: &str| b.get(k).and_then(Value::as_str).map(str::to_string);
-            match b.get("type").and_then(Value::as_str) {
-                Some("text") => c.push_text(role, &field("text").unwrap_or_default()),
-                Some("tool_use") => {
-                    let call = ToolCall {
-                        id: field("id").unwrap_or_default(),
-                        name: field("name").ok_or_else(|| {
-                            ApiError::bad(format!("messages.{i}.content.{j}: tool_use needs a name"), "messages")
-                        })?,
-                        arguments: b.get("input").cloned().unwrap_or_else(|| json!({})).to_string(),
-                    };
-                    match c.turns.last_mut() {
-                        Some(t) if t.role == Role::Assistant => t.calls.push(call),
-                        _ => {
-                            let mut t = Turn::new(Role::Assistant, "");
-                            t.calls.push(call);
-                            c.turns.push(t);
-                        }
-                    }
+        for b in blocks {
+            match b {
+                ContentBlock::Text { text } => c.push_text(role, text),
+                ContentBlock::ToolUse { id, name, input } => convo::push_call(
+                    &mut c,
+                    ToolCall {
+                        id: id.clone(),
+                        name: name.clone(),
+                        arguments: input
+                            .as_ref()
+                            .map_or_else(|| "{}".to_string(), Value::to_string),
+                    },
+                ),
+                ContentBlock::ToolResult { content } => {
+                    c.turns.push(Turn::new(Role::Tool, result_text(content)));
                 }
-                Some("tool_result") => {
-                    let content = match b.get("content") {
-                        None | Some(Value::Null) => String::new(),
-                        Some(Value::String(s)) => s.clone(),
-                        Some(Value::Array(parts)) => parts
-                            .iter()
-                            .filter_map(|p| p.get("text").and_then(Value::as_str))
-                            .collect::<Vec<_>>()
-                            .join("\n"),
-                        Some(other) => other.to_string(),
-                    };
-                    c.turns.push(Turn::new(Role::Tool, content));
+                ContentBlock::Thinking { thinking } if role == Role::Assistant => {
+                    c.push_reasoning(thinking)
                 }
-                // Earlier thinking, for families that keep it.
-                Some("thinking") if role == Role::Assistant => {
-                    c.push_reasoning(&field("thinking").unwrap_or_default())
-                }
-                Some("thinking" | "redacted_thinking") => {}
-                other => {
-                    return Err(ApiError::bad(
-                        format!("messages.{i}.content.{j}: block type {other:?} is not supported (text, tool_use, tool_result, thinking)"),
-                        "messages",
-                    ))
-                }
+                ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking => {}
             }
         }
     }
-    c.tools = req
-        .tools
-        .iter()
-        .filter(|t| t.input_schema.is_some())
-        .map(|t| ToolSpec {
+    let functions = req.tools.iter().map(|t| {
+        t.input_schema.as_ref().map(|schema| FunctionDef {
             name: t.name.clone(),
             description: t.description.clone(),
-            parameters: schema_or_empty(t.input_schema.clone()),
-            raw: None,
+            parameters: Some(schema.clone()),
         })
-        .collect();
-    c.choice = match &req.tool_choice {
-        None => ToolChoice::Auto,
-        Some(tc) => match (tc.kind.as_str(), &tc.name) {
-            ("auto", _) => ToolChoice::Auto,
-            ("none", _) => ToolChoice::None,
-            ("any", _) => ToolChoice::Required,
-            ("tool", Some(n)) => ToolChoice::Named(n.clone()),
-            _ => {
-                return Err(ApiError::bad(
-                    "tool_choice.type must be auto, any, none, or tool with a name",
-                    "tool_choice",
-                ))
-            }
-        },
-    };
-    c.thinking = match req
-        .thinking
+    });
+    c.tools = convo::tool_specs(functions.collect(), body, ToolShape::Flat("input_schema"));
+    c.choice = req
+        .tool_choice
         .as_ref()
-        .and_then(|t| t.get("type"))
-        .and_then(Value::as_str)
-    {
-        Some("disabled") => Some(Thinking::Off),
-        Some(_) => Some(Thinking::High),
-        None => None,
-    };
-    Ok(c)
-}
-
-fn check(state: &AppState, req: &MessagesRequest) -> Result<(), ApiError> {
-    if !state.serves(&req.model) {
-        return Err(ApiError::UnknownModel(req.model.clone()));
-    }
-    Ok(())
+        .map_or(ToolChoice::Auto, ToolChoice::from);
+    c.thinking = req.thinking.as_ref().and_then(ThinkingConfig::mode);
+    c
 }
 
 async fn render(
@@ -257,94 +235,107 @@ async fn render(
     req: &MessagesRequest,
     body: &[u8],
 ) -> Result<Rendered, ApiError> {
-    let mut convo = conversation(req)?;
-    attach_raw_tools(&mut convo, body);
+    let convo = conversation(req, body);
     convo::render(&state.chat, convo, state.render_options()).await
 }
 
-pub async fn count_tokens(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = async {
-        let body = state.body(body)?;
-        let req: MessagesRequest = parse_json(&body)?;
-        check(&state, &req)?;
-        let rendered = render(&state, &req, &body).await?;
-        Ok::<_, ApiError>(Reply::Json(
-            Json(json!({"input_tokens": rendered.tokens.len()})).into_response(),
+/// The `count_tokens` answer.
+#[derive(Serialize)]
+struct TokenCount {
+    input_tokens: usize,
+}
+
+/// A `count_tokens` request: a Messages request, counted instead of run.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub struct CountTokensRequest(MessagesRequest);
+
+impl Surface for CountTokensRequest {
+    const NAME: &'static str = "count_tokens";
+
+    fn refuse(e: ApiError) -> Response {
+        e.anthropic()
+    }
+
+    /// `POST /v1/messages/count_tokens`: the prompt's length.
+    async fn answer(self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
+        let rendered = render(&state, &self.0, &body).await?;
+        let count = TokenCount {
+            input_tokens: rendered.tokens.len(),
+        };
+        Ok(Reply::Json(Json(count).into_response()))
+    }
+
+    fn model(&self) -> &str {
+        &self.0.model
+    }
+}
+
+impl Surface for MessagesRequest {
+    const NAME: &'static str = "messages";
+
+    fn refuse(e: ApiError) -> Response {
+        e.anthropic()
+    }
+
+    /// `POST /v1/messages`.
+    async fn answer(self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
+        let max_tokens = self
+            .max_tokens
+            .ok_or_else(|| ApiError::bad("max_tokens: field required", "max_tokens"))?;
+        let sampling = self.sampling.params()?;
+        if self.stop_sequences.len() > 16 {
+            return Err(ApiError::bad(
+                "at most 16 stop_sequences are allowed",
+                "stop_sequences",
+            ));
+        }
+        let rendered = render(&state, &self, &body).await?;
+        let prompt_tokens = rendered.tokens.len();
+        let job = Job {
+            prompt: rendered.tokens,
+            max_tokens: Some(max_tokens),
+            sampling,
+            stop: self.stop_sequences.clone(),
+            logprobs: None,
+            answer: rendered.answer,
+            id_prefix: "toolu_",
+        };
+        let run = run::start(&state, job)?;
+        let id = new_call_id("msg_");
+        let model = state.model_id.clone();
+        if self.stream {
+            let shape = MessagesStream {
+                id,
+                model,
+                prompt_tokens,
+                index: 0,
+                open: None,
+            };
+            return Ok(Reply::stream::<Self>(&state, run, shape));
+        }
+        let (c, f) = run::collect(run).await?;
+        let content = blocks(c);
+        let (stop_reason, stop_sequence) = stop_reason(&f);
+        Ok(Reply::Json(
+            Json(MessageObject {
+                id,
+                kind: "message",
+                role: "assistant",
+                model,
+                content,
+                stop_reason: Some(stop_reason),
+                stop_sequence,
+                usage: usage(&f),
+                timings: Some(f.timings_out()),
+            })
+            .into_response(),
         ))
     }
-    .await;
-    state.respond("count_tokens", r, ApiError::anthropic)
-}
 
-pub async fn handle(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = inner(state.clone(), body).await;
-    state.respond(SURFACE, r, ApiError::anthropic)
-}
-
-async fn inner(
-    state: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Reply, ApiError> {
-    let body = state.body(body)?;
-    let req: MessagesRequest = parse_json(&body)?;
-    check(&state, &req)?;
-    let max_tokens = req
-        .max_tokens
-        .ok_or_else(|| ApiError::bad("max_tokens: field required", "max_tokens"))?;
-    let sampling = req.sampling.params()?;
-    if req.stop_sequences.len() > 16 {
-        return Err(ApiError::bad(
-            "at most 16 stop_sequences are allowed",
-            "stop_sequences",
-        ));
+    fn model(&self) -> &str {
+        &self.model
     }
-    let rendered = render(&state, &req, &body).await?;
-    let prompt_tokens = rendered.tokens.len();
-    let job = Job {
-        prompt: rendered.tokens,
-        max_tokens: Some(max_tokens),
-        sampling,
-        stop: req.stop_sequences.clone(),
-        logprobs: None,
-        answer: rendered.answer,
-        id_prefix: "toolu_",
-    };
-    let run = run::start(&state, job)?;
-    let id = new_call_id("msg_");
-    let model = state.model_id.clone();
-    if req.stream {
-        let shape = MessagesStream {
-            id,
-            model,
-            prompt_tokens,
-            index: 0,
-            open: None,
-        };
-        return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
-    }
-    let (c, f) = run::collect(run).await?;
-    let content = blocks(c);
-    let (stop_reason, stop_sequence) = stop_reason(&f);
-    Ok(Reply::Json(
-        Json(MessageObject {
-            id,
-            kind: "message",
-            role: "assistant",
-            model,
-            content,
-            stop_reason: Some(stop_reason),
-            stop_sequence,
-            usage: usage(&f),
-            timings: Some(f.timings_out()),
-        })
-        .into_response(),
-    ))
 }
 
 /// A collected answer's content blocks: thinking, text, tool uses.
@@ -369,8 +360,10 @@ fn blocks(c: run::Collected) -> Vec<Block> {
     content
 }
 
+/// A call's arguments as its `input` (an empty object when they are not
+/// JSON).
 fn input_of(arguments: &str) -> Value {
-    serde_json::from_str(arguments).unwrap_or_else(|_| json!({}))
+    serde_json::from_str(arguments).unwrap_or_else(|_| Value::Object(Default::default()))
 }
 
 fn stop_reason(f: &Finish) -> (&'static str, Option<String>) {
@@ -449,42 +442,104 @@ struct MessagesStream {
     open: Option<OpenBlock>,
 }
 
-fn ev(kind: &'static str, data: Value) -> Frame {
-    run::event(Some(kind), &data)
+/// `message_start`.
+#[derive(Serialize)]
+struct MessageStart {
+    message: MessageObject,
+}
+
+/// `content_block_start`.
+#[derive(Serialize)]
+struct BlockStart {
+    index: usize,
+    content_block: Block,
+}
+
+/// `content_block_delta`.
+#[derive(Serialize)]
+struct BlockDelta {
+    index: usize,
+    delta: DeltaBody,
+}
+
+/// What a delta adds: `text_delta`, `thinking_delta`, `input_json_delta`.
+#[derive(Serialize)]
+#[serde(tag = "type")]
+enum DeltaBody {
+    #[serde(rename = "text_delta")]
+    Text { text: String },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: String },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: String },
+}
+
+/// `content_block_stop`.
+#[derive(Serialize)]
+struct BlockStop {
+    index: usize,
+}
+
+/// `message_delta`: how the message ended.
+#[derive(Serialize)]
+struct MessageDelta {
+    delta: StopDelta,
+    usage: Usage,
+    timings: TimingsOut,
+}
+
+#[derive(Serialize)]
+struct StopDelta {
+    stop_reason: &'static str,
+    stop_sequence: Option<String>,
 }
 
 impl MessagesStream {
     fn close(&mut self, out: &mut Vec<Frame>) {
         if self.open.take().is_some() {
-            out.push(ev(
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": self.index}),
-            ));
+            let stop = BlockStop { index: self.index };
+            out.push(run::typed_event("content_block_stop", &stop));
             self.index += 1;
         }
     }
 
+    /// Open block `kind` at the next index.
+    fn start_block(&mut self, out: &mut Vec<Frame>, kind: OpenBlock, content_block: Block) {
+        self.close(out);
+        let start = BlockStart {
+            index: self.index,
+            content_block,
+        };
+        out.push(run::typed_event("content_block_start", &start));
+        self.open = Some(kind);
+    }
+
+    fn delta(&self, out: &mut Vec<Frame>, delta: DeltaBody) {
+        let delta = BlockDelta {
+            index: self.index,
+            delta,
+        };
+        out.push(run::typed_event("content_block_delta", &delta));
+    }
+
     fn text(&mut self, out: &mut Vec<Frame>, t: String, kind: OpenBlock) {
         if self.open != Some(kind) {
-            self.close(out);
             let block = match kind {
-                OpenBlock::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
-                OpenBlock::Text | OpenBlock::ToolUse => json!({"type": "text", "text": ""}),
+                OpenBlock::Thinking => Block::Thinking {
+                    thinking: String::new(),
+                    signature: String::new(),
+                },
+                OpenBlock::Text | OpenBlock::ToolUse => Block::Text {
+                    text: String::new(),
+                },
             };
-            out.push(ev(
-                "content_block_start",
-                json!({"type": "content_block_start", "index": self.index, "content_block": block}),
-            ));
-            self.open = Some(kind);
+            self.start_block(out, kind, block);
         }
         let delta = match kind {
-            OpenBlock::Thinking => json!({"type": "thinking_delta", "thinking": t}),
-            OpenBlock::Text | OpenBlock::ToolUse => json!({"type": "text_delta", "text": t}),
+            OpenBlock::Thinking => DeltaBody::Thinking { thinking: t },
+            OpenBlock::Text | OpenBlock::ToolUse => DeltaBody::Text { text: t },
         };
-        out.push(ev(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
-        ));
+        self.delta(out, delta);
     }
 }
 
@@ -506,10 +561,7 @@ impl Shape for MessagesStream {
             },
             timings: None,
         };
-        vec![ev(
-            "message_start",
-            json!({"type": "message_start", "message": message}),
-        )]
+        vec![run::typed_event("message_start", &MessageStart { message })]
     }
 
     fn deltas(&mut self, deltas: Vec<Delta>) -> Vec<Frame> {
@@ -520,13 +572,19 @@ impl Shape for MessagesStream {
                 Delta::Text(t) => self.text(&mut out, t, OpenBlock::Text),
                 Delta::Reasoning(t) => self.text(&mut out, t, OpenBlock::Thinking),
                 Delta::CallStart { id, name, .. } => {
-                    self.close(&mut out);
-                    out.push(ev("content_block_start", json!({"type": "content_block_start", "index": self.index, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})));
-                    self.open = Some(OpenBlock::ToolUse);
+                    let block = Block::ToolUse {
+                        id,
+                        name,
+                        input: Value::Object(Default::default()),
+                    };
+                    self.start_block(&mut out, OpenBlock::ToolUse, block);
                 }
                 Delta::CallArgs { delta, .. } => {
                     if self.open == Some(OpenBlock::ToolUse) {
-                        out.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": self.index, "delta": {"type": "input_json_delta", "partial_json": delta}})));
+                        let partial = DeltaBody::InputJson {
+                            partial_json: delta,
+                        };
+                        self.delta(&mut out, partial);
                     }
                 }
                 Delta::CallEnd => {
@@ -546,19 +604,26 @@ impl Shape for MessagesStream {
             self.text(&mut out, String::new(), OpenBlock::Text);
         }
         self.close(&mut out);
-        let (reason, seq) = stop_reason(f);
-        let usage = usage(f);
-        out.push(ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage, "timings": f.timings_out()})));
-        out.push(ev("message_stop", json!({"type": "message_stop"})));
+        let (stop_reason, stop_sequence) = stop_reason(f);
+        let delta = MessageDelta {
+            delta: StopDelta {
+                stop_reason,
+                stop_sequence,
+            },
+            usage: usage(f),
+            timings: f.timings_out(),
+        };
+        out.push(run::typed_event("message_delta", &delta));
+        out.push(run::typed_event("message_stop", &()));
         out
     }
 
     fn error(&mut self, e: &ApiError) -> Vec<Frame> {
-        vec![ev("error", e.anthropic_body())]
+        vec![run::event(Some("error"), &e.anthropic_body())]
     }
 
     fn ping(&mut self) -> Option<Frame> {
-        Some(ev("ping", json!({"type": "ping"})))
+        Some(run::typed_event("ping", &()))
     }
 }
 
@@ -566,6 +631,8 @@ impl Shape for MessagesStream {
 mod tests {
     use super::*;
     use crate::api::run::testing::{drive, envelope_run, events, failing_run, thinking_run};
+    use ds4_model::chat::Thinking;
+    use serde_json::json;
 
     fn shape() -> MessagesStream {
         MessagesStream {
@@ -686,8 +753,7 @@ mod tests {
         };
         let prompt = |b: &str| {
             let req: MessagesRequest = serde_json::from_str(b).unwrap();
-            let mut c = conversation(&req).unwrap();
-            attach_raw_tools(&mut c, b.as_bytes());
+            let c = conversation(&req, b.as_bytes());
             (c.thinking, api_prompt(&c, &Default::default()))
         };
         let (thinking, p) = prompt(&body(r#"{"type":"enabled","budget_tokens":1024}"#));
@@ -726,9 +792,62 @@ mod tests {
 
     #[test]
     fn errors_use_the_anthropic_envelope() {
-        let body = ApiError::bad("nope", "messages").anthropic_body();
+        let body =
+            serde_json::to_value(ApiError::bad("nope", "messages").anthropic_body()).unwrap();
         assert_eq!(body["type"], "error");
         assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(body["error"]["message"], "nope");
+    }
+
+    fn refusal(body: &str) -> (String, Option<String>) {
+        crate::api::error::testing::refusal::<MessagesRequest>(body)
+    }
+
+    #[test]
+    fn malformed_blocks_are_refused_with_their_place() {
+        let (m, param) = refusal(
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image","source":{}}]}]}"#,
+        );
+        assert!(
+            m.contains("messages[0].content[1].type: unknown variant `image`"),
+            "{m}"
+        );
+        assert!(m.contains("`tool_result`"), "{m}");
+        assert_eq!(param.as_deref(), Some("messages"));
+        let (m, _) = refusal(
+            r#"{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","input":{}}]}]}"#,
+        );
+        assert!(
+            m.contains("messages[0].content[0]: missing field `name`"),
+            "{m}"
+        );
+        let (m, param) = refusal(r#"{"messages":[],"tool_choice":{"type":"tool"}}"#);
+        assert!(m.contains("tool_choice: missing field `name`"), "{m}");
+        assert_eq!(param.as_deref(), Some("tool_choice"));
+        let (m, param) = refusal(r#"{"messages":[],"system":[{"type":"image"}]}"#);
+        assert!(m.contains("system[0].type: unknown variant `image`"), "{m}");
+        assert_eq!(param.as_deref(), Some("system"));
+    }
+
+    #[test]
+    fn tools_results_and_choices_read_from_the_wire() {
+        let body = r#"{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f"},{"type":"tool_use","id":"b","name":"f","input":{"x":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":[{"type":"text","text":"one"},{"type":"image","source":{}},{"type":"text","text":"two"}]},{"type":"tool_result","tool_use_id":"b","content":{"ok":true}},{"type":"redacted_thinking","data":"x"}]}],"tools":[{"type":"web_search_20250305","name":"web_search"},{"name":"f","input_schema":{ "type": "object" }}],"tool_choice":{"type":"any","disable_parallel_tool_use":true},"thinking":{"type":"disabled"}}"#;
+        let req: MessagesRequest = serde_json::from_str(body).unwrap();
+        let c = conversation(&req, body.as_bytes());
+        let calls = &c.turns[0].calls;
+        assert_eq!(calls[0].arguments, "{}");
+        assert_eq!(calls[1].arguments, r#"{"x":1}"#);
+        assert_eq!(c.turns[1].text, "one\ntwo");
+        assert_eq!(c.turns[2].text, r#"{"ok":true}"#);
+        assert_eq!(c.turns.len(), 3);
+        // The server tool is skipped; the schema reaches the model in the
+        // client's bytes.
+        assert_eq!(c.tools.len(), 1);
+        assert_eq!(
+            c.tools[0].raw.as_deref(),
+            Some(r#"{"name":"f","parameters":{ "type": "object" }}"#)
+        );
+        assert_eq!(c.choice, ToolChoice::Required);
+        assert_eq!(c.thinking, Some(Thinking::Off));
     }
 }

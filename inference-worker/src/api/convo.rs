@@ -3,8 +3,18 @@
 //! the chat layer's refusals as API errors, and the small wire helpers the
 //! chat-like surfaces share.
 
-use ds4_model::chat::{Chat, ChatError, Conversation, RenderOptions, Rendered, Thinking};
-use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::fmt;
+use std::marker::PhantomData;
+
+use ds4_model::chat::{
+    Chat, ChatError, Conversation, RenderOptions, Rendered, Role, Thinking, ToolCall, ToolSpec,
+    Turn,
+};
+use serde::de::{self, value::SeqAccessDeserializer, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use super::ApiError;
 
@@ -31,18 +41,123 @@ pub async fn render(
         .map_err(ApiError::from)
 }
 
-/// A function object's JSON from its parts, `parameters` as raw JSON text
-/// (the client's bytes).
-pub fn function_json(name: &str, description: Option<&str>, parameters: Option<&str>) -> String {
-    let mut s = format!("{{\"name\":{}", Value::String(name.into()));
-    if let Some(d) = description {
-        s.push_str(&format!(",\"description\":{}", Value::String(d.into())));
+/// The schema of a function that takes no arguments.
+const EMPTY_SCHEMA: &str = r#"{"type":"object","properties":{}}"#;
+
+/// A function tool as the wire types read it: Chat Completions'
+/// `function` object, a Responses function tool (Anthropic's tools carry
+/// the schema as `input_schema`).
+#[derive(Debug, Deserialize)]
+pub struct FunctionDef {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The arguments' JSON Schema, passed through to the model; a
+    /// function without one takes no arguments.
+    #[serde(default)]
+    pub parameters: Option<Value>,
+}
+
+/// Where a surface's tool objects keep the function the model is shown.
+#[derive(Clone, Copy, Debug)]
+pub enum ToolShape {
+    /// `{"type": "function", "function": {...}}` (Chat Completions): the
+    /// `function` object as the client wrote it.
+    Nested,
+    /// `{"name", "description", <key>: schema}` (Responses: `parameters`,
+    /// Anthropic: `input_schema`): an object of the parts, the schema as
+    /// the client wrote it.
+    Flat(&'static str),
+}
+
+/// The chat layer's specs of a request's tools. `tools` is the request's
+/// `tools` array element by element, `None` for tools that are not
+/// functions (server tools, skipped); `body` is the request they were
+/// parsed from: each spec's `raw` is its function object in the client's
+/// own bytes, which protocols such as DSML show the model unchanged.
+pub fn tool_specs(tools: Vec<Option<FunctionDef>>, body: &[u8], shape: ToolShape) -> Vec<ToolSpec> {
+    let raw = raw_tools(body);
+    tools
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, f)| {
+            let f = f?;
+            let fields: HashMap<String, &RawValue> = raw
+                .get(i)
+                .and_then(|t| serde_json::from_str(t.get()).ok())
+                .unwrap_or_default();
+            let raw = match shape {
+                ToolShape::Nested => fields.get("function").map(|f| f.get().to_string()),
+                ToolShape::Flat(key) => {
+                    function_json(&f.name, f.description.as_deref(), fields.get(key).copied())
+                }
+            };
+            Some(ToolSpec {
+                name: f.name,
+                description: f.description,
+                parameters: f.parameters.unwrap_or_else(empty_schema),
+                raw,
+            })
+        })
+        .collect()
+}
+
+/// The request's `tools`, each as the client wrote it (none when the
+/// request has no tools).
+pub fn raw_tools(body: &[u8]) -> Vec<&RawValue> {
+    #[derive(Deserialize)]
+    struct RawTools<'a> {
+        #[serde(borrow, default)]
+        tools: Option<Vec<&'a RawValue>>,
     }
-    s.push_str(&format!(
-        ",\"parameters\":{}}}",
-        parameters.unwrap_or(r#"{"type":"object","properties":{}}"#)
-    ));
-    s
+    serde_json::from_slice::<RawTools<'_>>(body)
+        .ok()
+        .and_then(|r| r.tools)
+        .unwrap_or_default()
+}
+
+/// A function object from its parts, `parameters` as the client wrote it
+/// (the empty schema when absent).
+fn function_json(
+    name: &str,
+    description: Option<&str>,
+    parameters: Option<&RawValue>,
+) -> Option<String> {
+    #[derive(Serialize)]
+    struct Function<'a> {
+        name: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        description: Option<&'a str>,
+        parameters: &'a RawValue,
+    }
+    let parameters = match parameters {
+        Some(p) => p,
+        None => serde_json::from_str(EMPTY_SCHEMA).ok()?,
+    };
+    serde_json::to_string(&Function {
+        name,
+        description,
+        parameters,
+    })
+    .ok()
+}
+
+/// The schema of a function without parameters.
+pub fn empty_schema() -> Value {
+    serde_json::from_str(EMPTY_SCHEMA).unwrap_or_default()
+}
+
+/// Add a call the client sent back to the assistant turn it belongs to:
+/// the last turn when it is the assistant's, else a new one.
+pub fn push_call(c: &mut Conversation, call: ToolCall) {
+    match c.turns.last_mut() {
+        Some(t) if t.role == Role::Assistant => t.calls.push(call),
+        _ => {
+            let mut t = Turn::new(Role::Assistant, "");
+            t.calls.push(call);
+            c.turns.push(t);
+        }
+    }
 }
 
 /// A `reasoning_effort` name as a thinking mode.
@@ -55,9 +170,63 @@ pub fn effort(name: &str, param: &'static str) -> Result<Thinking, ApiError> {
     })
 }
 
-/// Parse a tool's JSON `parameters`/`input_schema` default.
-pub fn schema_or_empty(v: Option<Value>) -> Value {
-    v.unwrap_or_else(|| json!({"type": "object", "properties": {}}))
+/// `thinking`: `{"type": "enabled" | "disabled", ...}` (Anthropic, and
+/// DeepSeek's Chat Completions).
+#[derive(Debug, Deserialize)]
+pub struct ThinkingConfig {
+    #[serde(rename = "type", default)]
+    kind: Option<ThinkingKind>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ThinkingKind {
+    Disabled,
+    /// `enabled`, `adaptive`, ...: thinking.
+    #[serde(other)]
+    Enabled,
+}
+
+impl ThinkingConfig {
+    /// The thinking mode asked for (`None`: the family's default).
+    pub fn mode(&self) -> Option<Thinking> {
+        self.kind.as_ref().map(|k| match k {
+            ThinkingKind::Disabled => Thinking::Off,
+            ThinkingKind::Enabled => Thinking::High,
+        })
+    }
+}
+
+/// A string, or a list of `T`: message content (text or parts), the
+/// Responses `input` (text or items), `stop`. Read by a visitor rather
+/// than an untagged enum so that an error inside the list keeps its
+/// message and place.
+#[derive(Debug)]
+pub enum TextOr<T> {
+    Text(String),
+    List(Vec<T>),
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for TextOr<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = TextOr<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<TextOr<T>, E> {
+                Ok(TextOr::Text(s.to_string()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<TextOr<T>, E> {
+                Ok(TextOr::Text(s))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<TextOr<T>, A::Error> {
+                Vec::deserialize(SeqAccessDeserializer::new(seq)).map(TextOr::List)
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
 }
 
 /// The specification's complete DeepSeek V4 example (thinking mode, one
@@ -159,13 +328,15 @@ mod tests {
         // Without the client's bytes the schema line is rebuilt from the
         // parsed schema, keys in the client's order: the same prompt.
         assert_eq!(api_prompt(&example(None), &store), SPEC_PROMPT);
+        let parameters = serde_json::from_str(PARAMETERS).unwrap();
         assert_eq!(
             function_json(
                 "get_weather",
                 Some("Get current weather for a city"),
-                Some(PARAMETERS)
-            ),
-            SCHEMA
+                Some(parameters)
+            )
+            .as_deref(),
+            Some(SCHEMA)
         );
     }
 

@@ -2,11 +2,14 @@
 //! (`{"error": {"message", "type", "param", "code"}}`) and Anthropic
 //! (`{"type": "error", "error": {"type", "message"}}`).
 
+use std::borrow::Cow;
+
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
+use serde_path_to_error::Segment;
 
 use crate::engine::SubmitError;
 use crate::generate::GenerateError;
@@ -17,7 +20,8 @@ pub enum ApiError {
     #[error("{message}")]
     BadRequest {
         message: String,
-        param: Option<&'static str>,
+        /// The request field to fix (a top-level field name).
+        param: Option<Cow<'static, str>>,
     },
     #[error("the model {0:?} is not served here")]
     UnknownModel(String),
@@ -40,41 +44,50 @@ pub enum ApiError {
     Internal(String),
 }
 
-#[derive(Serialize)]
-struct Envelope<'a> {
-    error: Body<'a>,
+/// The OpenAI error body.
+#[derive(Debug, Serialize)]
+pub struct OpenAiEnvelope<'a> {
+    error: OpenAiBody<'a>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
+#[derive(Debug, Serialize)]
+struct OpenAiBody<'a> {
     message: String,
     #[serde(rename = "type")]
-    kind: &'a str,
+    kind: &'static str,
     param: Option<&'a str>,
-    code: Option<&'a str>,
+    code: Option<&'static str>,
+}
+
+/// The Anthropic error body.
+#[derive(Debug, Serialize)]
+pub struct AnthropicEnvelope {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    error: AnthropicBody,
+}
+
+#[derive(Debug, Serialize)]
+struct AnthropicBody {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    message: String,
 }
 
 impl ApiError {
     pub fn bad(message: impl Into<String>, param: &'static str) -> ApiError {
         ApiError::BadRequest {
             message: message.into(),
-            param: Some(param),
+            param: Some(Cow::Borrowed(param)),
         }
     }
 
-    fn parts(
-        &self,
-    ) -> (
-        StatusCode,
-        &'static str,
-        Option<&'static str>,
-        Option<&'static str>,
-    ) {
+    fn parts(&self) -> (StatusCode, &'static str, Option<&str>, Option<&'static str>) {
         match self {
             ApiError::BadRequest { param, .. } => (
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
-                *param,
+                param.as_deref(),
                 None,
             ),
             ApiError::UnknownModel(_) => (
@@ -141,21 +154,20 @@ impl ApiError {
     }
 
     /// The OpenAI error body.
-    pub fn openai_body(&self) -> serde_json::Value {
+    pub fn openai_body(&self) -> OpenAiEnvelope<'_> {
         let (_, kind, param, code) = self.parts();
-        serde_json::to_value(Envelope {
-            error: Body {
+        OpenAiEnvelope {
+            error: OpenAiBody {
                 message: self.to_string(),
                 kind,
                 param,
                 code,
             },
-        })
-        .unwrap_or_default()
+        }
     }
 
     /// The Anthropic error body.
-    pub fn anthropic_body(&self) -> serde_json::Value {
+    pub fn anthropic_body(&self) -> AnthropicEnvelope {
         let kind = match self {
             ApiError::BadRequest { .. } | ApiError::ContextLength { .. } => "invalid_request_error",
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => "not_found_error",
@@ -164,23 +176,24 @@ impl ApiError {
             ApiError::Unauthorized => "authentication_error",
             ApiError::Internal(_) => "api_error",
         };
-        serde_json::to_value(AnthropicEnvelope {
+        AnthropicEnvelope {
             kind: "error",
             error: AnthropicBody {
                 kind,
                 message: self.to_string(),
             },
-        })
-        .unwrap_or_default()
+        }
     }
 
     /// This error as a response in the Anthropic envelope.
     pub fn anthropic(self) -> Response {
-        let body = self.anthropic_body();
+        let body = Json(self.anthropic_body()).into_response();
         self.respond(body)
     }
 
-    fn respond(self, body: serde_json::Value) -> Response {
+    /// `body` with this error's status (and `Retry-After` when busy),
+    /// logged by severity.
+    fn respond(self, body: Response) -> Response {
         let status = self.status();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             // Load shedding, not a fault: the client retries.
@@ -190,7 +203,7 @@ impl ApiError {
         } else {
             tracing::info!(error = %self, status = status.as_u16(), "request refused");
         }
-        let mut resp = (status, Json(body)).into_response();
+        let mut resp = (status, body).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut()
                 .insert("retry-after", HeaderValue::from_static("1"));
@@ -211,24 +224,10 @@ impl ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct AnthropicEnvelope<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    error: AnthropicBody<'a>,
-}
-
-#[derive(Serialize)]
-struct AnthropicBody<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    message: String,
-}
-
 /// The OpenAI envelope is the default rendering.
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = self.openai_body();
+        let body = Json(self.openai_body()).into_response();
         self.respond(body)
     }
 }
@@ -260,15 +259,97 @@ impl From<GenerateError> for ApiError {
     }
 }
 
-/// Parse a JSON body into `T`, with serde's message (line, column, field)
-/// in the error.
+/// Parse a JSON body into `T`. A refusal names the place in the body
+/// (`messages[2].content[0].type: unknown variant ...`) with serde's
+/// message (line, column, what was expected), and the top-level field as
+/// its `param`.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
-        message: format!("invalid JSON body: {e}"),
-        param: None,
-    })
+    let bad = |message: String, param| ApiError::BadRequest {
+        message: format!("invalid JSON body: {message}"),
+        param,
+    };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let t = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let param = match e.path().iter().next() {
+            Some(Segment::Map { key }) => Some(Cow::Owned(key.clone())),
+            _ => None,
+        };
+        bad(e.to_string(), param)
+    })?;
+    // Nothing but whitespace after the value.
+    de.end().map_err(|e| bad(e.to_string(), None))?;
+    Ok(t)
 }
 
 pub async fn not_found(uri: Uri) -> ApiError {
     ApiError::NotFound(uri.path().to_string())
+}
+
+/// Refusals of request bodies, for the surfaces' tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// The message and param of the refusal of `body` as a `T`.
+    pub fn refusal<T: serde::de::DeserializeOwned + std::fmt::Debug>(
+        body: &str,
+    ) -> (String, Option<String>) {
+        match parse_json::<T>(body.as_bytes()) {
+            Err(ApiError::BadRequest { message, param }) => (message, param.map(Cow::into_owned)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Request {
+        messages: Vec<Message>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Message {
+        role: String,
+    }
+
+    fn refusal(body: &str) -> (String, Option<String>) {
+        testing::refusal::<Request>(body)
+    }
+
+    #[test]
+    fn a_parse_error_names_its_place_and_field() {
+        let (m, param) = refusal(r#"{"messages": [{"role": "user"}, {"role": 5}]}"#);
+        assert!(
+            m.starts_with("invalid JSON body: messages[1].role: invalid type: integer `5`"),
+            "{m}"
+        );
+        assert_eq!(param.as_deref(), Some("messages"));
+        let (m, param) = refusal(r#"{"messages": ["#);
+        assert!(m.starts_with("invalid JSON body: messages: EOF"), "{m}");
+        assert_eq!(param.as_deref(), Some("messages"));
+        // Not in any field: no param.
+        let (m, param) = refusal("{}");
+        assert!(m.contains("missing field `messages`"), "{m}");
+        assert_eq!(param, None);
+        let (m, param) = refusal(r#"{"messages": []} x"#);
+        assert!(m.contains("trailing characters"), "{m}");
+        assert_eq!(param, None);
+    }
+
+    #[test]
+    fn envelopes_carry_the_param() {
+        let e = ApiError::bad("nope", "tools");
+        let v = serde_json::to_value(e.openai_body()).unwrap();
+        assert_eq!(v["error"]["param"], "tools");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let v = serde_json::to_value(e.anthropic_body()).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["message"], "nope");
+    }
 }

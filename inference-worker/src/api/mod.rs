@@ -22,6 +22,7 @@ mod run;
 mod stats;
 mod trace;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -34,7 +35,13 @@ use axum::middleware::{from_fn, from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
+
+use anthropic_messages::{CountTokensRequest, MessagesRequest};
+use openai_chat::ChatRequest;
+use openai_completions::CompletionRequest;
+use openai_responses::ResponsesRequest;
 
 use crate::engine::EngineHandle;
 use crate::sampler::SamplingParams;
@@ -136,38 +143,67 @@ impl AppState {
         requested.is_empty() || requested == self.model_id || ALIASES.contains(&requested)
     }
 
-    /// The request body, or the error for a body we could not read.
-    pub fn body(&self, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-        body.map_err(|r| ApiError::from_rejection(r, self.max_body_bytes))
-    }
-
-    /// Count the request's outcome for `surface` and turn it into the
-    /// response; `envelope` renders an error in the surface's own shape.
-    fn respond(
-        &self,
-        surface: &str,
-        r: Result<Reply, ApiError>,
-        envelope: fn(ApiError) -> Response,
-    ) -> Response {
-        self.count(surface, &r);
-        match r {
-            Ok(reply) => reply.into_response(),
-            Err(e) => envelope(e),
-        }
-    }
-
-    /// Count a request that ended in a JSON answer or error.
+    /// Count a request's outcome for `surface`: JSON answers and errors
+    /// now, streams when they end.
     fn count(&self, surface: &str, r: &Result<Reply, ApiError>) {
         let m = self.engine.metrics();
         match r {
             Ok(Reply::Json(_)) => m.request(surface, "ok"),
-            // Streams are counted when they end.
             Ok(Reply::Stream(_)) => {}
             Err(e) => {
                 m.request(surface, e.reason());
                 m.refusal(e.reason());
             }
         }
+    }
+}
+
+/// One API surface's request, served by [`serve`]: the surface's name in
+/// the metrics, its error envelope, the model the request names, and its
+/// answer.
+pub trait Surface: DeserializeOwned + Send + 'static {
+    /// The `surface` label of the request metrics.
+    const NAME: &'static str;
+
+    /// An error as this surface's response (the OpenAI envelope unless
+    /// the surface says otherwise).
+    fn refuse(e: ApiError) -> Response {
+        e.into_response()
+    }
+
+    /// Answer a request that parsed and names the loaded model. `body` is
+    /// the request's bytes (for what must reach the model in the client's
+    /// own bytes: its tools).
+    fn answer(
+        self,
+        state: Arc<AppState>,
+        body: Bytes,
+    ) -> impl Future<Output = Result<Reply, ApiError>> + Send;
+
+    /// The model the request names (empty: whatever is loaded).
+    fn model(&self) -> &str;
+}
+
+/// The handler of every surface: read the body within the size limit,
+/// parse it as the surface's request, check the model name, answer, and
+/// count the outcome; every error goes out in the surface's envelope.
+pub async fn serve<S: Surface>(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = async {
+        let body = body.map_err(|r| ApiError::from_rejection(r, state.max_body_bytes))?;
+        let req: S = error::parse_json(&body)?;
+        if !state.serves(req.model()) {
+            return Err(ApiError::UnknownModel(req.model().to_string()));
+        }
+        req.answer(state.clone(), body).await
+    }
+    .await;
+    state.count(S::NAME, &r);
+    match r {
+        Ok(Reply::Json(r) | Reply::Stream(r)) => r,
+        Err(e) => S::refuse(e),
     }
 }
 
@@ -178,10 +214,14 @@ pub enum Reply {
 }
 
 impl Reply {
-    fn into_response(self) -> Response {
-        match self {
-            Reply::Json(r) | Reply::Stream(r) => r,
-        }
+    /// `run` streamed as SSE in `shape`, counted as a request of `S`
+    /// when the stream ends.
+    pub fn stream<S: Surface>(
+        state: &Arc<AppState>,
+        run: run::Run,
+        shape: impl run::Shape,
+    ) -> Reply {
+        Reply::Stream(run::sse(state.clone(), S::NAME, run, shape))
     }
 }
 
@@ -223,31 +263,37 @@ impl SamplingFields {
 }
 
 /// `stop`: one string or a list of at most 16.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
+pub type Stop = convo::TextOr<String>;
 
 pub fn stop_list(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
     match stop {
         None => Ok(Vec::new()),
-        Some(Stop::One(s)) => Ok(vec![s]),
-        Some(Stop::Many(v)) if v.len() <= 16 => Ok(v),
-        Some(Stop::Many(_)) => Err(ApiError::bad("at most 16 stop strings are allowed", "stop")),
+        Some(Stop::Text(s)) => Ok(vec![s]),
+        Some(Stop::List(v)) if v.len() <= 16 => Ok(v),
+        Some(Stop::List(_)) => Err(ApiError::bad("at most 16 stop strings are allowed", "stop")),
+    }
+}
+
+/// `n` and `best_of`: one choice per request.
+pub fn one_choice(n: Option<u32>, param: &'static str) -> Result<(), ApiError> {
+    match n {
+        Some(n) if n != 1 => Err(ApiError::bad(
+            format!("only {param} = 1 is supported"),
+            param,
+        )),
+        _ => Ok(()),
     }
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(openai_chat::handle))
-        .route("/v1/completions", post(openai_completions::handle))
-        .route("/v1/responses", post(openai_responses::handle))
-        .route("/v1/messages", post(anthropic_messages::handle))
+        .route("/v1/chat/completions", post(serve::<ChatRequest>))
+        .route("/v1/completions", post(serve::<CompletionRequest>))
+        .route("/v1/responses", post(serve::<ResponsesRequest>))
+        .route("/v1/messages", post(serve::<MessagesRequest>))
         .route(
             "/v1/messages/count_tokens",
-            post(anthropic_messages::count_tokens),
+            post(serve::<CountTokensRequest>),
         )
         .route("/v1/models", get(models::list))
         .route("/v1/models/{id}", get(models::one))
@@ -312,4 +358,34 @@ fn cors_headers(h: &mut HeaderMap) {
         "access-control-expose-headers",
         HeaderValue::from_static(trace::HEADER),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::error::testing::refusal;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct WithStop {
+        stop: Option<Stop>,
+    }
+
+    fn stops(body: &str) -> Result<Vec<String>, ApiError> {
+        stop_list(serde_json::from_str::<WithStop>(body).unwrap().stop)
+    }
+
+    #[test]
+    fn stop_is_one_string_or_a_few() {
+        assert_eq!(stops(r#"{"stop":"x"}"#).unwrap(), ["x"]);
+        assert_eq!(stops(r#"{"stop":["x","y"]}"#).unwrap(), ["x", "y"]);
+        assert!(stops(r#"{}"#).unwrap().is_empty());
+        let many = format!(r#"{{"stop":{:?}}}"#, vec!["s"; 17]);
+        assert!(stops(&many).is_err());
+        let (m, param) = refusal::<WithStop>(r#"{"stop":["x",5]}"#);
+        assert!(m.contains("stop[1]: invalid type: integer `5`"), "{m}");
+        assert_eq!(param.as_deref(), Some("stop"));
+        let (m, _) = refusal::<WithStop>(r#"{"stop":5}"#);
+        assert!(m.contains("expected a string or a list"), "{m}");
+    }
 }

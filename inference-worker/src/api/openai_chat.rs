@@ -3,23 +3,17 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use super::convo;
-use super::error::parse_json;
+use super::convo::{self, FunctionDef, TextOr, ThinkingConfig, ToolShape};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
-use super::{stop_list, ApiError, AppState, Reply, SamplingFields, Stop};
+use super::{one_choice, stop_list, ApiError, AppState, Reply, SamplingFields, Stop, Surface};
 use crate::generate::{FinishReason, TokenLogprobs};
 use ds4_model::chat::{
-    new_call_id, Chat, Conversation, Role, Thinking, ToolCall, ToolChoice, ToolSpec, Turn,
+    new_call_id, Chat, Conversation, Role, Thinking, ToolCall, ToolChoice, Turn,
 };
-
-const SURFACE: &str = "chat";
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
@@ -35,7 +29,7 @@ pub struct ChatRequest {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub tools: Option<Vec<WireTool>>,
-    pub tool_choice: Option<Value>,
+    pub tool_choice: Option<WireToolChoice>,
     pub response_format: Option<ResponseFormat>,
     pub n: Option<u32>,
     #[serde(default)]
@@ -47,57 +41,7 @@ pub struct ChatRequest {
     /// that think.
     pub reasoning_effort: Option<String>,
     /// `{"type": "enabled" | "disabled"}` (DeepSeek's API).
-    pub thinking: Option<Value>,
-}
-
-/// The request's tools as raw JSON, to show DSML the client's bytes.
-#[derive(Deserialize)]
-struct RawTools<'a> {
-    #[serde(borrow, default)]
-    tools: Option<Vec<RawTool<'a>>>,
-}
-
-#[derive(Deserialize)]
-struct RawTool<'a> {
-    #[serde(rename = "type", default)]
-    kind: String,
-    #[serde(borrow, default)]
-    function: Option<&'a serde_json::value::RawValue>,
-}
-
-/// Attach each function tool's raw `function` object to its spec.
-fn attach_raw_tools(c: &mut Conversation, body: &[u8]) {
-    let Ok(raw) = serde_json::from_slice::<RawTools<'_>>(body) else {
-        return;
-    };
-    let raw = raw
-        .tools
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.kind == "function")
-        .filter_map(|t| t.function);
-    for (spec, r) in c.tools.iter_mut().zip(raw) {
-        spec.raw = Some(r.get().to_string());
-    }
-}
-
-/// The thinking mode a chat request asks for.
-fn thinking(req: &ChatRequest) -> Result<Option<Thinking>, ApiError> {
-    if let Some(e) = &req.reasoning_effort {
-        return convo::effort(e, "reasoning_effort").map(Some);
-    }
-    Ok(
-        match req
-            .thinking
-            .as_ref()
-            .and_then(|t| t.get("type"))
-            .and_then(Value::as_str)
-        {
-            Some("disabled") => Some(Thinking::Off),
-            Some(_) => Some(Thinking::High),
-            None => None,
-        },
-    )
+    pub thinking: Option<ThinkingConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -114,9 +58,10 @@ pub struct ResponseFormat {
 
 #[derive(Debug, Deserialize)]
 pub struct WireMessage {
-    pub role: String,
+    pub role: WireRole,
+    /// A string, or a list of parts.
     #[serde(default)]
-    pub content: Option<Content>,
+    pub content: Option<TextOr<ContentPart>>,
     #[serde(default)]
     pub tool_calls: Vec<WireToolCall>,
     /// An assistant message's reasoning, sent back.
@@ -124,20 +69,32 @@ pub struct WireMessage {
     pub reasoning_content: Option<String>,
 }
 
-/// Message content: a string, or an array of parts of which text parts count.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireRole {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
 }
 
+impl From<WireRole> for Role {
+    fn from(r: WireRole) -> Role {
+        match r {
+            WireRole::System | WireRole::Developer => Role::System,
+            WireRole::User => Role::User,
+            WireRole::Assistant => Role::Assistant,
+            WireRole::Tool => Role::Tool,
+        }
+    }
+}
+
+/// A content part: text is all the model reads.
 #[derive(Debug, Deserialize)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub text: Option<String>,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    Text { text: String },
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -159,75 +116,85 @@ pub struct WireFunction {
     pub arguments: String,
 }
 
+/// A tool: functions are offered to the model, other kinds are skipped.
 #[derive(Debug, Deserialize)]
-pub struct WireTool {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub function: Option<ToolSpec>,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WireTool {
+    Function {
+        function: FunctionDef,
+    },
+    #[serde(other)]
+    Other,
 }
 
-/// OpenAI's `tool_choice`, shared with the Responses surface.
-pub fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
-    let bad = || {
-        ApiError::bad(
-            "tool_choice must be \"auto\", \"none\", \"required\" or a named function",
-            "tool_choice",
-        )
-    };
-    Ok(match v {
-        None | Some(Value::Null) => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            _ => return Err(bad()),
-        },
-        Some(Value::Object(o)) => {
-            let name = o
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .or_else(|| o.get("name"))
-                .and_then(Value::as_str)
-                .ok_or_else(bad)?;
-            ToolChoice::Named(name.to_string())
-        }
-        Some(_) => return Err(bad()),
-    })
+/// OpenAI's `tool_choice`, shared with the Responses surface: a mode or
+/// a named function.
+#[derive(Debug, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "must be \"auto\", \"none\", \"required\" or a named function"
+)]
+pub enum WireToolChoice {
+    Mode(ChoiceMode),
+    /// `{"type": "function", "function": {"name": ...}}` (Chat Completions).
+    Function {
+        function: FunctionName,
+    },
+    /// `{"type": "function", "name": ...}` (Responses).
+    Named {
+        name: String,
+    },
 }
 
-fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
-    let mut c = Conversation::default();
-    for (i, m) in req.messages.drain(..).enumerate() {
-        let role = match m.role.as_str() {
-            "system" | "developer" => Role::System,
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            "tool" => Role::Tool,
-            other => {
-                return Err(ApiError::bad(
-                    format!("messages[{i}].role {other:?} is not one of system, developer, user, assistant, tool"),
-                    "messages",
-                ))
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChoiceMode {
+    Auto,
+    None,
+    Required,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionName {
+    pub name: String,
+}
+
+impl WireToolChoice {
+    pub fn choice(&self) -> ToolChoice {
+        match self {
+            WireToolChoice::Mode(ChoiceMode::Auto) => ToolChoice::Auto,
+            WireToolChoice::Mode(ChoiceMode::None) => ToolChoice::None,
+            WireToolChoice::Mode(ChoiceMode::Required) => ToolChoice::Required,
+            WireToolChoice::Function {
+                function: FunctionName { name },
             }
-        };
+            | WireToolChoice::Named { name } => ToolChoice::Named(name.clone()),
+        }
+    }
+}
+
+/// The thinking mode a chat request asks for: `reasoning_effort`, else
+/// `thinking`.
+fn thinking(req: &ChatRequest) -> Result<Option<Thinking>, ApiError> {
+    match &req.reasoning_effort {
+        Some(e) => convo::effort(e, "reasoning_effort").map(Some),
+        None => Ok(req.thinking.as_ref().and_then(ThinkingConfig::mode)),
+    }
+}
+
+/// The request as a conversation; `body` is the request's bytes (its
+/// tools as the client wrote them).
+fn conversation(req: &mut ChatRequest, body: &[u8]) -> Result<Conversation, ApiError> {
+    let mut c = Conversation::default();
+    for m in req.messages.drain(..) {
+        let role = Role::from(m.role);
         let text = match m.content {
             None => String::new(),
-            Some(Content::Text(t)) => t,
-            Some(Content::Parts(parts)) => {
-                let mut text = String::new();
-                for (j, p) in parts.into_iter().enumerate() {
-                    match (p.kind.as_str(), p.text) {
-                        ("text", Some(t)) => text.push_str(&t),
-                        (kind, _) => {
-                            return Err(ApiError::bad(
-                                format!("messages[{i}].content[{j}]: part type {kind:?} is not supported (text only)"),
-                                "messages",
-                            ))
-                        }
-                    }
-                }
-                text
-            }
+            Some(TextOr::Text(t)) => t,
+            Some(TextOr::List(parts)) => parts
+                .into_iter()
+                .map(|ContentPart::Text { text }| text)
+                .collect(),
         };
         let mut turn = Turn::new(role, text);
         turn.reasoning = m.reasoning_content.filter(|_| role == Role::Assistant);
@@ -242,106 +209,97 @@ fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
             .collect();
         c.turns.push(turn);
     }
-    c.tools = req
-        .tools
-        .take()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.kind == "function")
-        .filter_map(|t| t.function)
-        .collect();
-    c.choice = tool_choice(req.tool_choice.as_ref())?;
+    let tools = req.tools.take().unwrap_or_default().into_iter();
+    let functions = tools.map(|t| match t {
+        WireTool::Function { function } => Some(function),
+        WireTool::Other => None,
+    });
+    c.tools = convo::tool_specs(functions.collect(), body, ToolShape::Nested);
+    c.choice = req
+        .tool_choice
+        .as_ref()
+        .map_or(ToolChoice::Auto, WireToolChoice::choice);
     c.thinking = thinking(req)?;
     Ok(c)
 }
 
-pub async fn handle(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = inner(state.clone(), body).await;
-    state.respond(SURFACE, r, IntoResponse::into_response)
-}
+impl Surface for ChatRequest {
+    const NAME: &'static str = "chat";
 
-async fn inner(
-    state: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Reply, ApiError> {
-    let body = state.body(body)?;
-    let mut req: ChatRequest = parse_json(&body)?;
-    if !state.serves(&req.model) {
-        return Err(ApiError::UnknownModel(req.model));
-    }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("only n = 1 is supported", "n"));
-    }
-    if let Some(f) = &req.response_format {
-        if f.kind != "text" {
-            return Err(ApiError::bad(
-                format!("response_format {:?} is not supported yet (structured output is not implemented); use \"text\"", f.kind),
-                "response_format",
-            ));
+    /// `POST /v1/chat/completions`.
+    async fn answer(mut self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
+        one_choice(self.n, "n")?;
+        if let Some(f) = &self.response_format {
+            if f.kind != "text" {
+                return Err(ApiError::bad(
+                    format!("response_format {:?} is not supported yet (structured output is not implemented); use \"text\"", f.kind),
+                    "response_format",
+                ));
+            }
         }
-    }
-    let sampling = req.sampling.params()?;
-    let stop = stop_list(req.stop.take())?;
-    let mut convo = conversation(&mut req)?;
-    attach_raw_tools(&mut convo, &body);
-    let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
-    let logprobs = req
-        .logprobs
-        .then(|| req.top_logprobs.unwrap_or(0).min(20) as usize);
-    let prompt_ids = req.return_token_ids.then(|| rendered.tokens.clone());
-    let job = Job {
-        prompt: rendered.tokens,
-        max_tokens: req.max_completion_tokens.or(req.max_tokens),
-        sampling,
-        stop,
-        logprobs,
-        answer: rendered.answer,
-        id_prefix: "call_",
-    };
-    let run = run::start(&state, job)?;
-    let id = new_call_id("chatcmpl-");
-    let created = super::unix_now();
-    if req.stream {
-        let shape = ChatStream {
+        let sampling = self.sampling.params()?;
+        let stop = stop_list(self.stop.take())?;
+        let convo = conversation(&mut self, &body)?;
+        let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
+        let logprobs = self
+            .logprobs
+            .then(|| self.top_logprobs.unwrap_or(0).min(20) as usize);
+        let prompt_ids = self.return_token_ids.then(|| rendered.tokens.clone());
+        let job = Job {
+            prompt: rendered.tokens,
+            max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            sampling,
+            stop,
+            logprobs,
+            answer: rendered.answer,
+            id_prefix: "call_",
+        };
+        let run = run::start(&state, job)?;
+        let id = new_call_id("chatcmpl-");
+        let created = super::unix_now();
+        if self.stream {
+            let shape = ChatStream {
+                id,
+                created,
+                model: state.model_id.clone(),
+                chat: logprobs.map(|_| state.chat.clone()),
+                include_usage: self.stream_options.is_some_and(|o| o.include_usage),
+            };
+            return Ok(Reply::stream::<Self>(&state, run, shape));
+        }
+        let (c, f) = run::collect(run).await?;
+        let logprobs = logprobs.map(|_| LogprobsOut {
+            content: c
+                .tokens
+                .iter()
+                .filter_map(|(id, lp)| lp.as_ref().map(|lp| entry(&state.chat, *id, lp)))
+                .collect(),
+        });
+        let token_ids = self
+            .return_token_ids
+            .then(|| c.tokens.iter().map(|t| t.0).collect());
+        let resp = ChatResponse {
             id,
+            object: "chat.completion",
             created,
             model: state.model_id.clone(),
-            chat: logprobs.map(|_| state.chat.clone()),
-            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+            choices: vec![Choice {
+                index: 0,
+                message: out_message(c.text, c.reasoning, c.calls),
+                finish_reason: finish_reason(&f),
+                logprobs,
+                token_ids,
+            }],
+            usage: usage(&f),
+            timings: f.timings_out(),
+            prompt_token_ids: prompt_ids,
         };
-        return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
+        Ok(Reply::Json(Json(resp).into_response()))
     }
-    let (c, f) = run::collect(run).await?;
-    let logprobs = logprobs.map(|_| LogprobsOut {
-        content: c
-            .tokens
-            .iter()
-            .filter_map(|(id, lp)| lp.as_ref().map(|lp| entry(&state.chat, *id, lp)))
-            .collect(),
-    });
-    let token_ids = req
-        .return_token_ids
-        .then(|| c.tokens.iter().map(|t| t.0).collect());
-    let resp = ChatResponse {
-        id,
-        object: "chat.completion",
-        created,
-        model: state.model_id.clone(),
-        choices: vec![Choice {
-            index: 0,
-            message: out_message(c.text, c.reasoning, c.calls),
-            finish_reason: finish_reason(&f),
-            logprobs,
-            token_ids,
-        }],
-        usage: usage(&f),
-        timings: f.timings_out(),
-        prompt_token_ids: prompt_ids,
-    };
-    Ok(Reply::Json(Json(resp).into_response()))
+
+    fn model(&self) -> &str {
+        &self.model
+    }
 }
 
 /// The answer's message: text (null when only calls were made), reasoning
@@ -494,13 +452,59 @@ struct Chunk<'a> {
 #[derive(Serialize)]
 struct ChunkChoice {
     index: u32,
-    delta: Value,
+    delta: ChunkDelta,
     finish_reason: Option<&'static str>,
     logprobs: Option<LogprobsOut>,
 }
 
+/// What a chunk adds to the message (`{}` in the last one).
+#[derive(Default, Serialize)]
+struct ChunkDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<CallDelta>,
+}
+
+/// A piece of tool call `index`: its id, type and name in the first
+/// chunk, then its arguments a piece at a time.
+#[derive(Serialize)]
+struct CallDelta {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: FunctionDelta,
+}
+
+#[derive(Serialize)]
+struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    arguments: String,
+}
+
+impl ChunkDelta {
+    fn call(call: CallDelta) -> ChunkDelta {
+        ChunkDelta {
+            tool_calls: vec![call],
+            ..ChunkDelta::default()
+        }
+    }
+}
+
 impl ChatStream {
-    fn chunk(&self, delta: Value, finish: Option<&'static str>, lp: Option<LogprobsOut>) -> Frame {
+    fn chunk(
+        &self,
+        delta: ChunkDelta,
+        finish: Option<&'static str>,
+        lp: Option<LogprobsOut>,
+    ) -> Frame {
         run::event(
             None,
             &Chunk {
@@ -527,17 +531,22 @@ impl ChatStream {
         let lp = (!lps.is_empty()).then(|| LogprobsOut {
             content: std::mem::take(lps),
         });
-        self.chunk(serde_json::json!({"content": text}), None, lp)
+        let delta = ChunkDelta {
+            content: Some(text),
+            ..ChunkDelta::default()
+        };
+        self.chunk(delta, None, lp)
     }
 }
 
 impl Shape for ChatStream {
     fn start(&mut self) -> Vec<Frame> {
-        vec![self.chunk(
-            serde_json::json!({"role": "assistant", "content": ""}),
-            None,
-            None,
-        )]
+        let delta = ChunkDelta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+            ..ChunkDelta::default()
+        };
+        vec![self.chunk(delta, None, None)]
     }
 
     fn deltas(&mut self, deltas: Vec<Delta>) -> Vec<Frame> {
@@ -557,24 +566,32 @@ impl Shape for ChatStream {
                     if !text.is_empty() {
                         out.push(self.text_chunk(std::mem::take(&mut text), &mut lps));
                     }
-                    match other {
-                        Delta::Reasoning(r) => out.push(self.chunk(
-                            serde_json::json!({"reasoning_content": r}),
-                            None,
-                            None,
-                        )),
-                        Delta::CallStart { index, id, name } => out.push(self.chunk(
-                            serde_json::json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
-                            None,
-                            None,
-                        )),
-                        Delta::CallArgs { index, delta } => out.push(self.chunk(
-                            serde_json::json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]}),
-                            None,
-                            None,
-                        )),
-                        _ => {}
-                    }
+                    let delta = match other {
+                        Delta::Reasoning(r) => ChunkDelta {
+                            reasoning_content: Some(r),
+                            ..ChunkDelta::default()
+                        },
+                        Delta::CallStart { index, id, name } => ChunkDelta::call(CallDelta {
+                            index,
+                            id: Some(id),
+                            kind: Some("function"),
+                            function: FunctionDelta {
+                                name: Some(name),
+                                arguments: String::new(),
+                            },
+                        }),
+                        Delta::CallArgs { index, delta } => ChunkDelta::call(CallDelta {
+                            index,
+                            id: None,
+                            kind: None,
+                            function: FunctionDelta {
+                                name: None,
+                                arguments: delta,
+                            },
+                        }),
+                        _ => continue,
+                    };
+                    out.push(self.chunk(delta, None, None));
                 }
             }
         }
@@ -585,7 +602,7 @@ impl Shape for ChatStream {
     }
 
     fn finish(&mut self, f: &Finish) -> Vec<Frame> {
-        let mut out = vec![self.chunk(serde_json::json!({}), Some(finish_reason(f)), None)];
+        let mut out = vec![self.chunk(ChunkDelta::default(), Some(finish_reason(f)), None)];
         if self.include_usage {
             out.push(run::event(
                 None,
@@ -613,16 +630,22 @@ impl Shape for ChatStream {
 mod tests {
     use super::*;
     use crate::api::run::testing::{drive, envelope_run};
+    use serde_json::Value;
 
-    #[tokio::test]
-    async fn streamed_tool_calls_have_the_chat_chunk_shape() {
-        let shape = ChatStream {
+    /// The streaming shape of a test run.
+    fn stream(include_usage: bool) -> ChatStream {
+        ChatStream {
             id: "chatcmpl-1".into(),
             created: 1,
             model: "m".into(),
             chat: None,
-            include_usage: true,
-        };
+            include_usage,
+        }
+    }
+
+    #[tokio::test]
+    async fn streamed_tool_calls_have_the_chat_chunk_shape() {
+        let shape = stream(true);
         let frames = drive(envelope_run(None), shape).await;
         assert!(frames.iter().all(|f| f.event.is_none()));
         assert_eq!(frames.last().unwrap().data, "[DONE]");
@@ -658,13 +681,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_error_after_the_stream_started_is_an_error_chunk() {
-        let shape = ChatStream {
-            id: "chatcmpl-1".into(),
-            created: 1,
-            model: "m".into(),
-            chat: None,
-            include_usage: true,
-        };
+        let shape = stream(true);
         let frames = drive(crate::api::run::testing::failing_run(&["Hi"]), shape).await;
         let n = frames.len();
         assert_eq!(frames[n - 1].data, "[DONE]");
@@ -675,13 +692,7 @@ mod tests {
     #[tokio::test]
     async fn a_deepseek_dsml_call_is_a_chat_tool_call_with_streamed_arguments() {
         use crate::api::run::testing::{dsml_run, DSML_ARGS, DSML_REASONING};
-        let shape = ChatStream {
-            id: "chatcmpl-1".into(),
-            created: 1,
-            model: "m".into(),
-            chat: None,
-            include_usage: false,
-        };
+        let shape = stream(false);
         let frames = drive(dsml_run(None), shape).await;
         let chunks: Vec<Value> = frames[..frames.len() - 1]
             .iter()
@@ -748,8 +759,7 @@ mod tests {
 
     fn prompt_of(body: &str, store: &ReplayStore) -> (Conversation, String) {
         let mut req: ChatRequest = serde_json::from_str(body).unwrap();
-        let mut c = conversation(&mut req).unwrap();
-        attach_raw_tools(&mut c, body.as_bytes());
+        let c = conversation(&mut req, body.as_bytes()).unwrap();
         let p = api_prompt(&c, store);
         (c, p)
     }
@@ -772,10 +782,9 @@ mod tests {
             &store,
         );
         assert_eq!(c.thinking, Some(Thinking::Off));
-        let mut req: ChatRequest =
-            serde_json::from_str(&spec_request("c", "{}", r#","reasoning_effort":"huge""#))
-                .unwrap();
-        assert!(conversation(&mut req).is_err());
+        let body = spec_request("c", "{}", r#","reasoning_effort":"huge""#);
+        let mut req: ChatRequest = serde_json::from_str(&body).unwrap();
+        assert!(conversation(&mut req, body.as_bytes()).is_err());
     }
 
     #[tokio::test]
@@ -822,13 +831,7 @@ mod tests {
 
     #[tokio::test]
     async fn reasoning_goes_out_as_reasoning_content() {
-        let shape = ChatStream {
-            id: "chatcmpl-1".into(),
-            created: 1,
-            model: "m".into(),
-            chat: None,
-            include_usage: false,
-        };
+        let shape = stream(false);
         let frames = drive(crate::api::run::testing::thinking_run(), shape).await;
         let chunks: Vec<Value> = frames[..frames.len() - 1]
             .iter()
@@ -842,5 +845,108 @@ mod tests {
         };
         assert_eq!(field("reasoning_content"), "France's capital is Paris.");
         assert_eq!(field("content"), "Paris.");
+    }
+
+    fn refusal(body: &str) -> (String, Option<String>) {
+        crate::api::error::testing::refusal::<ChatRequest>(body)
+    }
+
+    #[test]
+    fn malformed_messages_are_refused_with_their_place() {
+        let (m, param) = refusal(
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
+        );
+        assert!(
+            m.contains("messages[0].content[1].type: unknown variant `image_url`, expected `text`"),
+            "{m}"
+        );
+        assert_eq!(param.as_deref(), Some("messages"));
+        let (m, param) = refusal(r#"{"messages":[{"role":"wizard","content":"x"}]}"#);
+        assert!(
+            m.contains("messages[0].role: unknown variant `wizard`"),
+            "{m}"
+        );
+        assert_eq!(param.as_deref(), Some("messages"));
+        let (m, _) = refusal(r#"{"messages":[{"role":"user","content":5}]}"#);
+        assert!(
+            m.starts_with("invalid JSON body: messages[0].content: invalid type"),
+            "{m}"
+        );
+        let (m, param) =
+            refusal(r#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"}"#);
+        assert!(
+            m.contains(r#"tool_choice: must be "auto", "none", "required" or a named function"#),
+            "{m}"
+        );
+        assert_eq!(param.as_deref(), Some("tool_choice"));
+        let (m, param) = refusal(
+            r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}"#,
+        );
+        assert!(m.contains("tools[0]: missing field `function`"), "{m}");
+        assert_eq!(param.as_deref(), Some("tools"));
+    }
+
+    #[test]
+    fn tools_choices_and_thinking_read_from_the_wire() {
+        let body = r#"{"messages":[{"role":"developer","content":[{"type":"text","text":"Be brief."}]},{"role":"user","content":"Ping?"}],"tools":[{"type":"custom","custom":{"name":"grammar"}},{"type":"function","function":{ "name": "ping" }}],"tool_choice":{"type":"function","function":{"name":"ping"}},"thinking":{"type":"adaptive"}}"#;
+        let mut req: ChatRequest = serde_json::from_str(body).unwrap();
+        let c = conversation(&mut req, body.as_bytes()).unwrap();
+        assert_eq!(c.turns[0].role, Role::System);
+        assert_eq!(c.turns[0].text, "Be brief.");
+        // The custom tool is skipped; a function without parameters takes
+        // none, and the model is shown the client's own bytes.
+        assert_eq!(c.tools.len(), 1);
+        assert_eq!(c.tools[0].name, "ping");
+        assert_eq!(c.tools[0].parameters, convo::empty_schema());
+        assert_eq!(c.tools[0].raw.as_deref(), Some(r#"{ "name": "ping" }"#));
+        assert_eq!(c.choice, ToolChoice::Named("ping".into()));
+        assert_eq!(c.thinking, Some(Thinking::High));
+        for (choice, expected) in [
+            (r#""none""#, ToolChoice::None),
+            (r#""required""#, ToolChoice::Required),
+            (r#"null"#, ToolChoice::Auto),
+            (
+                r#"{"type":"function","name":"ping"}"#,
+                ToolChoice::Named("ping".into()),
+            ),
+        ] {
+            let body = format!(r#"{{"messages":[],"tool_choice":{choice}}}"#);
+            let mut req: ChatRequest = serde_json::from_str(&body).unwrap();
+            let c = conversation(&mut req, body.as_bytes()).unwrap();
+            assert_eq!(c.choice, expected, "{choice}");
+        }
+    }
+
+    #[tokio::test]
+    async fn chunk_deltas_have_exactly_the_chat_fields() {
+        let shape = stream(false);
+        let frames = drive(envelope_run(None), shape).await;
+        let deltas: Vec<Value> = frames[..frames.len() - 1]
+            .iter()
+            .map(|f| serde_json::from_str::<Value>(&f.data).unwrap()["choices"][0]["delta"].clone())
+            .collect();
+        assert_eq!(
+            deltas[0],
+            serde_json::json!({"role": "assistant", "content": ""})
+        );
+        let call = deltas
+            .iter()
+            .find(|d| d.get("tool_calls").is_some())
+            .unwrap();
+        let id = call["tool_calls"][0]["id"].clone();
+        assert_eq!(
+            *call,
+            serde_json::json!({"tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": "get_weather", "arguments": ""}}]})
+        );
+        let args = deltas
+            .iter()
+            .filter(|d| d.get("tool_calls").is_some())
+            .nth(1)
+            .unwrap();
+        assert_eq!(
+            *args,
+            serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]})
+        );
+        assert_eq!(*deltas.last().unwrap(), serde_json::json!({}));
     }
 }

@@ -3,20 +3,15 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::error::parse_json;
 use super::openai_chat::{usage, Usage};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
-use super::{stop_list, ApiError, AppState, Reply, SamplingFields, Stop};
+use super::{one_choice, stop_list, ApiError, AppState, Reply, SamplingFields, Stop, Surface};
 use crate::generate::{FinishReason, TokenLogprobs};
 use ds4_model::chat::{new_call_id, AnswerFormat, Chat};
-
-const SURFACE: &str = "completions";
 
 /// OpenAI's default when `max_tokens` is absent.
 const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -51,7 +46,10 @@ pub struct StreamOptions {
 
 /// A prompt: text or token ids, alone or as a one-element batch.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a string, a list of token ids, or a list of one of those"
+)]
 pub enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
@@ -59,111 +57,101 @@ pub enum Prompt {
     TokenBatch(Vec<Vec<u32>>),
 }
 
-pub async fn handle(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = inner(state.clone(), body).await;
-    state.respond(SURFACE, r, IntoResponse::into_response)
-}
+impl Surface for CompletionRequest {
+    const NAME: &'static str = "completions";
 
-async fn inner(
-    state: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Reply, ApiError> {
-    let mut req: CompletionRequest = parse_json(&state.body(body)?)?;
-    if !state.serves(&req.model) {
-        return Err(ApiError::UnknownModel(req.model));
-    }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("only n = 1 is supported", "n"));
-    }
-    if req.best_of.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("only best_of = 1 is supported", "best_of"));
-    }
-    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::bad(
-            "suffix (insertion) is not supported by this model",
-            "suffix",
-        ));
-    }
-    if req.echo && req.logprobs.is_some() {
-        return Err(ApiError::bad(
-            "echo with logprobs (prompt log-probabilities) is not supported",
-            "logprobs",
-        ));
-    }
-    let sampling = req.sampling.params()?;
-    let stop = stop_list(req.stop.take())?;
-    let p = state.chat.clone();
-    let (text, tokens) = match req.prompt {
-        Prompt::Text(t) => prompt_text(&p, t).await?,
-        Prompt::TextBatch(mut v) if v.len() == 1 => prompt_text(&p, v.remove(0)).await?,
-        Prompt::Tokens(t) => prompt_tokens(&p, t)?,
-        Prompt::TokenBatch(mut v) if v.len() == 1 => prompt_tokens(&p, v.remove(0))?,
-        _ => {
+    /// `POST /v1/completions`.
+    async fn answer(mut self, state: Arc<AppState>, _body: Bytes) -> Result<Reply, ApiError> {
+        one_choice(self.n, "n")?;
+        one_choice(self.best_of, "best_of")?;
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::bad(
-                "only one prompt per request is supported",
-                "prompt",
-            ))
+                "suffix (insertion) is not supported by this model",
+                "suffix",
+            ));
         }
-    };
-    let prompt_ids = req.return_token_ids.then(|| tokens.clone());
-    let logprobs = req.logprobs.map(|n| n.min(20) as usize);
-    let job = Job {
-        prompt: tokens,
-        max_tokens: Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
-        sampling,
-        stop,
-        logprobs,
-        // A raw completion is the generated text verbatim, reasoning
-        // delimiters and tool syntax included.
-        answer: AnswerFormat::default(),
-        id_prefix: "call_",
-    };
-    let run = run::start(&state, job)?;
-    let id = new_call_id("cmpl-");
-    let created = super::unix_now();
-    let echo = if req.echo { text } else { String::new() };
-    if req.stream {
-        let shape = CompletionStream {
+        if self.echo && self.logprobs.is_some() {
+            return Err(ApiError::bad(
+                "echo with logprobs (prompt log-probabilities) is not supported",
+                "logprobs",
+            ));
+        }
+        let sampling = self.sampling.params()?;
+        let stop = stop_list(self.stop.take())?;
+        let p = state.chat.clone();
+        let (text, tokens) = match self.prompt {
+            Prompt::Text(t) => prompt_text(&p, t).await?,
+            Prompt::TextBatch(mut v) if v.len() == 1 => prompt_text(&p, v.remove(0)).await?,
+            Prompt::Tokens(t) => prompt_tokens(&p, t)?,
+            Prompt::TokenBatch(mut v) if v.len() == 1 => prompt_tokens(&p, v.remove(0))?,
+            _ => {
+                return Err(ApiError::bad(
+                    "only one prompt per request is supported",
+                    "prompt",
+                ))
+            }
+        };
+        let prompt_ids = self.return_token_ids.then(|| tokens.clone());
+        let logprobs = self.logprobs.map(|n| n.min(20) as usize);
+        let job = Job {
+            prompt: tokens,
+            max_tokens: Some(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+            sampling,
+            stop,
+            logprobs,
+            // A raw completion is the generated text verbatim, reasoning
+            // delimiters and tool syntax included.
+            answer: AnswerFormat::default(),
+            id_prefix: "call_",
+        };
+        let run = run::start(&state, job)?;
+        let id = new_call_id("cmpl-");
+        let created = super::unix_now();
+        let echo = if self.echo { text } else { String::new() };
+        if self.stream {
+            let shape = CompletionStream {
+                id,
+                created,
+                model: state.model_id.clone(),
+                chat: p,
+                include_usage: self.stream_options.is_some_and(|o| o.include_usage),
+                echo,
+            };
+            return Ok(Reply::stream::<Self>(&state, run, shape));
+        }
+        let (c, f) = run::collect(run).await?;
+        let lp = logprobs.map(|_| {
+            let entries: Vec<_> = c
+                .tokens
+                .iter()
+                .filter_map(|(id, lp)| lp.as_ref().map(|lp| (*id, lp)))
+                .collect();
+            legacy_logprobs(&p, &entries, echo.len())
+        });
+        let resp = CompletionResponse {
             id,
+            object: "text_completion",
             created,
             model: state.model_id.clone(),
-            chat: p,
-            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
-            echo,
+            choices: vec![Choice {
+                index: 0,
+                text: echo + &c.text,
+                finish_reason: Some(finish_reason(&f)),
+                logprobs: lp,
+                token_ids: self
+                    .return_token_ids
+                    .then(|| c.tokens.iter().map(|t| t.0).collect()),
+            }],
+            usage: Some(usage(&f)),
+            timings: Some(f.timings_out()),
+            prompt_token_ids: prompt_ids,
         };
-        return Ok(Reply::Stream(run::sse(state.clone(), SURFACE, run, shape)));
+        Ok(Reply::Json(Json(resp).into_response()))
     }
-    let (c, f) = run::collect(run).await?;
-    let lp = logprobs.map(|_| {
-        let entries: Vec<_> = c
-            .tokens
-            .iter()
-            .filter_map(|(id, lp)| lp.as_ref().map(|lp| (*id, lp)))
-            .collect();
-        legacy_logprobs(&p, &entries, echo.len())
-    });
-    let resp = CompletionResponse {
-        id,
-        object: "text_completion",
-        created,
-        model: state.model_id.clone(),
-        choices: vec![Choice {
-            index: 0,
-            text: echo + &c.text,
-            finish_reason: Some(finish_reason(&f)),
-            logprobs: lp,
-            token_ids: req
-                .return_token_ids
-                .then(|| c.tokens.iter().map(|t| t.0).collect()),
-        }],
-        usage: Some(usage(&f)),
-        timings: Some(f.timings_out()),
-        prompt_token_ids: prompt_ids,
-    };
-    Ok(Reply::Json(Json(resp).into_response()))
+
+    fn model(&self) -> &str {
+        &self.model
+    }
 }
 
 async fn prompt_text(p: &Chat, text: String) -> Result<(String, Vec<u32>), ApiError> {

@@ -295,6 +295,19 @@ pub fn event(name: Option<&'static str>, data: &impl Serialize) -> Frame {
     }
 }
 
+/// A named event whose data carries its name as `type` too (Anthropic
+/// Messages and OpenAI Responses events); `data` is a struct (or `()`).
+pub fn typed_event(kind: &'static str, data: &impl Serialize) -> Frame {
+    #[derive(Serialize)]
+    struct Typed<'a, T> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        #[serde(flatten)]
+        data: &'a T,
+    }
+    event(Some(kind), &Typed { kind, data })
+}
+
 /// OpenAI's end-of-stream marker.
 pub fn done() -> Frame {
     Frame {
