@@ -17,7 +17,7 @@
 //!
 //! Module map: `compile.rs` (NVRTC + cache), and one wrapper per kernel
 //! source, the only place launching its kernels: `elementwise.rs`,
-//! `embed.rs`, `matmul.rs`, `attention.rs`.
+//! `embed.rs`, `matmul.rs`, `attention.rs`, `hyper.rs`.
 
 // Kernel launches and raw device pointers: cudarc's launch API is unsafe
 // (argument types are not checked against the kernel signatures), and
@@ -257,6 +257,8 @@ pub struct CudaBackend {
     /// Whether the fused layer's cluster fits the device, by its shared
     /// memory size (asked once per size).
     cluster_fit: Mutex<HashMap<u32, bool>>,
+    /// Tail-RoPE frequencies uploaded so far.
+    tail_ropes: hyper::TailRopes,
 }
 
 /// Read-backs up to this many bytes land in pinned memory and are copied
@@ -375,6 +377,7 @@ impl CudaBackend {
             timing: opts.timing,
             fused_layer,
             cluster_fit: Mutex::new(HashMap::new()),
+            tail_ropes: hyper::TailRopes::default(),
         })
     }
 
