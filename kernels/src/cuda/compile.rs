@@ -213,6 +213,27 @@ pub const SOURCES: &[KernelSource] = &[
         big_smem: false,
         kernels: &["attn_prefill_d64", "attn_prefill_d128"],
     },
+    KernelSource {
+        name: "hyper",
+        src: include_str!("../../cuda/hyper.cu"),
+        quant: false,
+        big_smem: false,
+        kernels: &[
+            "hc_norm",
+            "hc_mix_f16",
+            "hc_mix_f32",
+            "hc_split",
+            "hc_post",
+            "rms_norm_heads",
+            "rope_tail",
+            "round_fp8",
+            "round_indexer",
+            "round_f16_inplace",
+            "scale_inplace",
+            "hc_expand",
+            "swiglu_clamped",
+        ],
+    },
 ];
 
 /// Whether libnvrtc can be loaded; `Err` says what was looked for.

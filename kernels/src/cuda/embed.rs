@@ -38,6 +38,13 @@ pub fn embed_ptr(
             ),
         });
     }
+    if !cols.is_multiple_of(32) {
+        // (Binding allows other widths for one-row F32 weights only.)
+        return Err(BackendError::Shape {
+            op: "embed",
+            detail: format!("rows of {cols} values: the gather needs a multiple of 32"),
+        });
+    }
     if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.rows) {
         return Err(BackendError::Shape {
             op: "embed",

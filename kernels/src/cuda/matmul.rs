@@ -106,6 +106,13 @@ pub fn matmul_many(
             (x.rows, x.cols),
             (out.rows, out.cols),
         )?;
+        // (Binding allows other widths for one-row F32 weights only.)
+        if !w.cols.is_multiple_of(32) {
+            return Err(BackendError::BadWeight {
+                name: w.name.clone(),
+                problem: format!("rows of {} values: matmuls need a multiple of 32", w.cols),
+            });
+        }
     }
     if x.rows == 0 {
         return Ok(());

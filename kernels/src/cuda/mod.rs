@@ -17,7 +17,7 @@
 //!
 //! Module map: `compile.rs` (NVRTC + cache), and one wrapper per kernel
 //! source, the only place launching its kernels: `elementwise.rs`,
-//! `embed.rs`, `matmul.rs`, `attention.rs`.
+//! `embed.rs`, `matmul.rs`, `attention.rs`, `hyper.rs`.
 
 // Kernel launches and raw device pointers: cudarc's launch API is unsafe
 // (argument types are not checked against the kernel signatures), and
@@ -257,6 +257,8 @@ pub struct CudaBackend {
     /// Whether the fused layer's cluster fits the device, by its shared
     /// memory size (asked once per size).
     cluster_fit: Mutex<HashMap<u32, bool>>,
+    /// Tail-RoPE frequencies uploaded so far.
+    tail_ropes: hyper::TailRopes,
 }
 
 /// Read-backs up to this many bytes land in pinned memory and are copied
@@ -375,6 +377,7 @@ impl CudaBackend {
             timing: opts.timing,
             fused_layer,
             cluster_fit: Mutex::new(HashMap::new()),
+            tail_ropes: hyper::TailRopes::default(),
         })
     }
 
@@ -625,7 +628,19 @@ impl CudaBackend {
                 .stream
                 .alloc_zeros::<f32>(cols)
                 .map_err(|e| dev_err("allocating a dense weight", e))?;
-            embed::embed_ptr(self, &w, &[0], self.ptr(&dense), cols)?;
+            // F32 values are the dense copy already (any width: see
+            // check_weight); other types are dequantized by the gather.
+            if ggml_type == GgmlType::F32 {
+                if cols > 0 {
+                    self.lock().push(queue::Cmd::DtoD {
+                        dst: self.ptr(&dense),
+                        src: self.weight_ptr(&w),
+                        bytes: 4 * cols,
+                    });
+                }
+            } else {
+                embed::embed_ptr(self, &w, &[0], self.ptr(&dense), cols)?;
+            }
             self.lock().flush(&self.stream)?;
             w.dense = Some(queue::Deferred::new(dense, self.state.clone()));
         }
@@ -809,7 +824,10 @@ fn check_weight(
             "type {ty} has no CUDA kernels (supported: {SUPPORTED})"
         )));
     }
-    if !cols.is_multiple_of(32) {
+    // One-row F32 weights (norm scales, gate scales and biases of any
+    // length) are only read element-wise, as their dense copy.
+    let element_wise = rows == 1 && ty == GgmlType::F32;
+    if !cols.is_multiple_of(32) && !element_wise {
         return Err(bad(format!(
             "rows of {cols} values: the CUDA kernels need a multiple of 32"
         )));
