@@ -50,7 +50,8 @@ pub(super) struct SeqState {
     /// Window block per block index (`NONE` where none is held).
     pub window: Vec<WindowId>,
     pub slot: Option<u32>,
-    /// Block indices whose window block is kept when released.
+    /// Block indices whose window block is kept when released (resume
+    /// points).
     pub keep: Vec<usize>,
 }
 
@@ -114,10 +115,15 @@ impl<B: Backend> PagedKv<B> {
             if let Some(win) = resume {
                 seq.window[seq.blocks.len() - 1] = win;
             }
-            // The prompt's checkpoint boundary stays resumable.
-            if let Some(k) = (checkpoint_len(prompt.len(), chunk) / bs).checked_sub(1) {
-                seq.keep.push(k);
-            }
+            // The prompt's chunk boundaries (its disk checkpoint among
+            // them) stay resumable: requests that share a long system
+            // prompt but differ after it resume at the last one before
+            // they differ. The window pool's size bounds what is kept.
+            seq.keep = (1..)
+                .map(|i| i * chunk)
+                .take_while(|&p| p <= prompt.len())
+                .map(|p| p / bs - 1)
+                .collect();
             if let Err(e) = self.pool.begin(&lm.backend, slot, resume) {
                 let err = e.to_string();
                 self.finish(seq, 0);
