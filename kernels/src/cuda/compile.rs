@@ -207,6 +207,37 @@ pub const SOURCES: &[KernelSource] = &[
         kernels: &["decode_layer_q4_1"],
     },
     KernelSource {
+        name: "compressed",
+        src: include_str!("../../cuda/compressed.cu"),
+        quant: false,
+        big_smem: false,
+        kernels: &[
+            "comp_begin",
+            "window_store",
+            "compress_pool",
+            "compress_frontier",
+        ],
+    },
+    KernelSource {
+        name: "indexer",
+        src: include_str!("../../cuda/indexer.cu"),
+        quant: false,
+        big_smem: true,
+        kernels: &["ix_score_mma", "ix_score_simt", "ix_topk"],
+    },
+    KernelSource {
+        name: "compressed_attention",
+        src: include_str!("../../cuda/compressed_attention.cu"),
+        quant: false,
+        big_smem: false,
+        kernels: &[
+            "comp_attn_d128",
+            "comp_attn_d256",
+            "comp_attn_d512",
+            "comp_attn_merge",
+        ],
+    },
+    KernelSource {
         name: "attention_prefill",
         src: include_str!("../../cuda/attention_prefill.cu"),
         quant: false,

@@ -17,7 +17,9 @@
 //!
 //! Module map: `compile.rs` (NVRTC + cache), and one wrapper per kernel
 //! source, the only place launching its kernels: `elementwise.rs`,
-//! `embed.rs`, `matmul.rs`, `attention.rs`, `hyper.rs`.
+//! `embed.rs`, `matmul.rs`, `attention.rs`, `hyper.rs`, and for compressed
+//! attention `compressed.rs` (the pool, compressors), `indexer.rs` and
+//! `compressed_attention.rs`.
 
 // Kernel launches and raw device pointers: cudarc's launch API is unsafe
 // (argument types are not checked against the kernel signatures), and
@@ -48,10 +50,12 @@ mod arena;
 mod attention;
 pub mod compile;
 mod compressed;
+mod compressed_attention;
 mod decode_layer;
 mod elementwise;
 mod embed;
 mod hyper;
+mod indexer;
 mod matmul;
 mod moe;
 mod options;
@@ -1222,7 +1226,7 @@ impl Backend for CudaBackend {
         top_k: usize,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        compressed::indexer_select(self, pool, layer, seqs, q, w, top_k, out)
+        indexer::select(self, pool, layer, seqs, q, w, top_k, out)
     }
 
     fn compressed_attention(
@@ -1236,7 +1240,7 @@ impl Backend for CudaBackend {
         cfg: &CompressedAttentionConfig,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        compressed::attention(self, q, pool, layer, seqs, selected, sinks, cfg, out)
+        compressed_attention::attention(self, q, pool, layer, seqs, selected, sinks, cfg, out)
     }
 
     fn compressed_read_block(
