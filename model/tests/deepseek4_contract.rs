@@ -2,8 +2,6 @@
 //! with one key or tensor changed are refused with an error naming it; the
 //! contract describes the published Flash file (1,328 tensors).
 
-mod deepseek4_common;
-
 use ds4_kernels::quant::GgmlType;
 use ds4_kernels::CpuBackend;
 use ds4_model::families::deepseek4::Ds4HParams;
@@ -14,7 +12,7 @@ use ds4_model::{Model, ModelError};
 type Meta = Vec<(String, MetaValue)>;
 
 fn tiny() -> GgufFile {
-    GgufFile::open(&deepseek4_common::tiny_dir().join("ds4-tiny.gguf")).unwrap()
+    GgufFile::open(&ds4_tests::deepseek4::tiny_dir().join("ds4-tiny.gguf")).unwrap()
 }
 
 /// Load a rewritten copy of the miniature model.

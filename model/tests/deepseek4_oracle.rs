@@ -24,13 +24,11 @@
 //! llama.cpp at every position, and in production numerics against the
 //! NumPy implementation's production mode.
 
-mod deepseek4_common;
-
 use ds4_kernels::{CpuBackend, Numerics};
 use ds4_model::families::deepseek4::Ds4Model;
 use ds4_model::gguf::GgufFile;
 use ds4_model::{Logits, Model};
-use serde_json::Value;
+use ds4_tests::deepseek4::{compare, tiny_model, Diff, Reference};
 
 /// Exact numerics: our f32 forward against llama.cpp's f32 mode.
 const EXACT_TOL: f32 = 1e-4;
@@ -61,96 +59,9 @@ const B: Config = Config {
 
 fn load(file: &str, numerics: Numerics) -> (Model<CpuBackend>, CpuBackend) {
     let be = CpuBackend::with_numerics(numerics);
-    let f = GgufFile::open(&deepseek4_common::tiny_model(file)).expect("open the miniature model");
+    let f = GgufFile::open(&tiny_model(file)).expect("open the miniature model");
     let m = Model::load(&f, &be).expect("the miniature model passes the deepseek4 contract");
     (m, be)
-}
-
-struct Reference {
-    tokens: Vec<u32>,
-    positions: Vec<Value>,
-}
-
-fn reference(name: &str) -> Reference {
-    let path = deepseek4_common::fixture(name);
-    let v: Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("json");
-    Reference {
-        tokens: v["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect(),
-        positions: v["positions"].as_array().unwrap().clone(),
-    }
-}
-
-#[derive(Debug, Default)]
-struct Diff {
-    max_abs: f32,
-    /// Position of `max_abs`.
-    worst_pos: usize,
-    sum_abs: f64,
-    n: usize,
-    argmax_agree: usize,
-    argmax_checked: usize,
-    /// Positions where the argmax is checked and differs.
-    argmax_mismatch: Vec<usize>,
-}
-
-impl Diff {
-    fn mean(&self) -> f64 {
-        self.sum_abs / self.n as f64
-    }
-}
-
-/// Compare our logits (`n_pos × n_vocab`) with every value the trimmed
-/// reference keeps. Argmax is checked where the reference's top-2 margin
-/// exceeds `argmax_margin`.
-fn compare(ours: &[f32], n_vocab: usize, r: &Reference, argmax_margin: f64) -> Diff {
-    let mut d = Diff::default();
-    assert_eq!(ours.len(), r.positions.len() * n_vocab);
-    for (i, p) in r.positions.iter().enumerate() {
-        let row = &ours[i * n_vocab..(i + 1) * n_vocab];
-        let mut add = |id: usize, want: f64| {
-            let e = (row[id] as f64 - want).abs() as f32;
-            if e > d.max_abs {
-                d.max_abs = e;
-                d.worst_pos = i;
-            }
-            d.sum_abs += e as f64;
-            d.n += 1;
-        };
-        if let Some(full) = p["logits"].as_array() {
-            for (id, v) in full.iter().enumerate() {
-                add(id, v.as_f64().unwrap());
-            }
-        }
-        for pair in p["top"].as_array().unwrap() {
-            add(
-                pair[0].as_u64().unwrap() as usize,
-                pair[1].as_f64().unwrap(),
-            );
-        }
-        if p["margin"].as_f64().unwrap() > argmax_margin {
-            d.argmax_checked += 1;
-            let ours_arg = row
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |b, (j, &v)| if v > b.1 { (j, v) } else { b },
-                )
-                .0;
-            if ours_arg as u64 == p["argmax"].as_u64().unwrap() {
-                d.argmax_agree += 1;
-            } else {
-                d.argmax_mismatch.push(i);
-            }
-        }
-    }
-    d
 }
 
 fn run(m: &Model<CpuBackend>, be: &CpuBackend, tokens: &[u32], decode: bool) -> Vec<f32> {
@@ -187,7 +98,7 @@ fn assert_exact(what: &str, ours: &[f32], n_vocab: usize, r: &Reference) {
 
 fn check_exact(c: &Config, fixture: &str, decode: bool) {
     let (m, be) = load(c.gguf, Numerics::Exact);
-    let r = reference(fixture);
+    let r = Reference::load(fixture);
     let ours = run(&m, &be, &r.tokens, decode);
     let what = format!("{} {fixture} decode={decode}", c.gguf);
     assert_exact(&what, &ours, m.info().n_vocab, &r);
@@ -199,7 +110,7 @@ fn check_exact(c: &Config, fixture: &str, decode: bool) {
 /// prefill.
 fn check_chunked(c: &Config) {
     let (m, be) = load(c.gguf, Numerics::Exact);
-    let r = reference(c.f32_600);
+    let r = Reference::load(c.f32_600);
     let chunked = run_chunked(&m, &be, &r.tokens, 37);
     let what = format!("{} {} chunks of 37", c.gguf, c.f32_600);
     assert_exact(&what, &chunked, m.info().n_vocab, &r);
@@ -253,7 +164,7 @@ fn b_exact_chunked_prefill_600_matches_llamacpp_f32() {
 #[test]
 fn truncation_recomputes_the_kept_prefix() {
     let (m, be) = load(A.gguf, Numerics::Exact);
-    let r = reference(A.f32_64);
+    let r = Reference::load(A.f32_64);
     let t = &r.tokens;
     let mut seq = m.new_sequence(&be, 64).expect("sequence");
     let direct = m.forward(&be, &mut seq, t, Logits::Last).unwrap();
@@ -270,7 +181,7 @@ fn production_diff(sim: ds4_model::families::deepseek4::Ds4Numerics) -> Diff {
     m.family_model_mut::<Ds4Model<CpuBackend>>()
         .unwrap()
         .set_numerics(sim);
-    let r = reference("logits-q2-64.trim.json");
+    let r = Reference::load("logits-q2-64.trim.json");
     let ours = run(&m, &be, &r.tokens, false);
     compare(&ours, m.info().n_vocab, &r, 0.05)
 }
@@ -313,7 +224,7 @@ fn activation_rounding_matches_the_float64_reference() {
     m.family_model_mut::<Ds4Model<CpuBackend>>()
         .unwrap()
         .set_numerics(Ds4Numerics::PRODUCTION);
-    let r = reference("ref-sim-64.trim.json");
+    let r = Reference::load("ref-sim-64.trim.json");
     let ours = run(&m, &be, &r.tokens, false);
     let d = compare(&ours, m.info().n_vocab, &r, 1e-3);
     eprintln!("FP8+FP4+F16 on exact weights: {d:?} mean {:.3e}", d.mean());
@@ -338,7 +249,7 @@ fn check_production(c: &Config, tol: f32, mean_tol: f64, min_agree: f64) {
             .numerics(),
         ds4_model::families::deepseek4::Ds4Numerics::PRODUCTION
     );
-    let r = reference(c.prod_600);
+    let r = Reference::load(c.prod_600);
     let ours = run(&m, &be, &r.tokens, false);
     let d = compare(&ours, m.info().n_vocab, &r, tol as f64);
     let all = compare(&ours, m.info().n_vocab, &r, f64::NEG_INFINITY);
@@ -404,7 +315,7 @@ fn check_roundings(c: &Config, tol: f32, mean_tol: f64) {
     m.family_model_mut::<Ds4Model<CpuBackend>>()
         .unwrap()
         .set_numerics(Ds4Numerics::PRODUCTION);
-    let r = reference(c.prod_600);
+    let r = Reference::load(c.prod_600);
     let ours = run(&m, &be, &r.tokens, false);
     let d = compare(&ours, m.info().n_vocab, &r, tol as f64);
     eprintln!(

@@ -4,8 +4,6 @@
 //! spec) is reproduced byte for byte, both from the canonical DSML form
 //! and by replaying the bytes the model sampled.
 
-mod deepseek4_common;
-
 use ds4_model::chat::deepseek4::{render, Message, Transcript};
 use ds4_model::chat::dsml::{parse_complete, DsmlEvent, DsmlStreamParser, ReplayMap, ToolCall};
 use ds4_model::chat::Thinking;
@@ -33,7 +31,7 @@ fn messages(arguments: &str) -> Vec<Message> {
 }
 
 fn expected() -> String {
-    std::fs::read_to_string(deepseek4_common::fixture("prompt-example.txt")).unwrap()
+    std::fs::read_to_string(ds4_tests::deepseek4::fixture("prompt-example.txt")).unwrap()
 }
 
 #[test]

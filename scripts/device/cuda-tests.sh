@@ -4,7 +4,9 @@
 # cuda_hyper.rs (hyper-connections, tail RoPE, roundings) and
 # cuda_compressed.rs (compressed attention) and,
 # when DS4_TEST_MODEL names the SmolLM2 GGUF, the end-to-end tests of
-# inference-worker/tests/cuda_e2e.rs (CPU parity, CUDA graph replay).
+# inference-worker/tests/cuda_e2e.rs (CPU parity, CUDA graph replay), and
+# when DS4_TINY_DIR names a folder of scripts/gen-ds4-tiny.sh's models,
+# inference-worker/tests/cuda_ds4.rs (DeepSeek V4 against the references).
 #
 #   scripts/device/cuda-tests.sh --build   # dev machine: build, strip and
 #                                          # copy the test binaries to .device/bin
@@ -29,8 +31,8 @@ if [[ "${1:-}" == "--build" ]]; then
     (cd "$root" && cargo test -p ds4-kernels --features cuda --release --no-run \
         --test cuda_parity --test cuda_hyper --test cuda_compressed --test cuda_compile --test cuda_perf 2>&1 | tee "$log" >&2)
     (cd "$root" && cargo test -p ds4-inference-worker --release --no-run \
-        --test cuda_e2e 2>&1 | tee -a "$log" >&2)
-    for t in cuda_parity cuda_hyper cuda_compressed cuda_compile cuda_perf cuda_e2e; do
+        --test cuda_e2e --test cuda_ds4 2>&1 | tee -a "$log" >&2)
+    for t in cuda_parity cuda_hyper cuda_compressed cuda_compile cuda_perf cuda_e2e cuda_ds4; do
         exe="$(sed -n "s|.*Executable tests/$t.rs (\(.*\))|\1|p" "$log" | tail -n1)"
         [[ "$exe" = /* ]] || exe="$root/$exe"
         cp "$exe" "$bin/$t"
@@ -50,6 +52,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 status=0
 tests=(cuda_compile cuda_parity cuda_hyper cuda_compressed cuda_perf)
 [[ -n "${DS4_TEST_MODEL:-}" ]] && tests+=(cuda_e2e)
+[[ -n "${DS4_TINY_DIR:-}" ]] && tests+=(cuda_ds4)
 for t in "${tests[@]}"; do
     exe="$bin/$t"
     if [[ ! -x "$exe" ]]; then

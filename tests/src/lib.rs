@@ -4,6 +4,8 @@
 //! The binaries are built by `cargo build --workspace --bins` (the test
 //! command does this first) into the same target directory as the tests.
 
+pub mod deepseek4;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -34,22 +36,7 @@ pub fn model_path() -> PathBuf {
 /// The miniature DeepSeek V4 model (`ds4-tiny.gguf` in `DS4_TINY_DIR`,
 /// else in `target/ds4-tiny`; `./scripts/gen-ds4-tiny.sh` makes it).
 pub fn tiny_model_path() -> PathBuf {
-    let dir = std::env::var_os("DS4_TINY_DIR").map_or_else(
-        || {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("..")
-                .join("target")
-                .join("ds4-tiny")
-        },
-        PathBuf::from,
-    );
-    let p = dir.join("ds4-tiny.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing; run ./scripts/gen-ds4-tiny.sh (./scripts/test.sh does) or set DS4_TINY_DIR",
-        p.display()
-    );
-    p
+    deepseek4::tiny_model("ds4-tiny.gguf")
 }
 
 /// A workspace binary built next to the running test executable.
