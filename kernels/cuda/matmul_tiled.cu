@@ -1,5 +1,5 @@
 // Shared-memory tiled int8 tensor-core matmul for batches of tokens,
-// production numerics (prepended: common.cuh, quant.cuh). Launched only by
+// production numerics (prepended: common.cuh, quant.cuh, iq2.cuh). Launched only by
 // kernels/src/cuda/matmul.rs. Same inputs, integers and per-block float
 // combine as matmul.cu's kernels, summed over blocks in the same order,
 // so its results equal theirs bit for bit.
@@ -25,9 +25,10 @@
 // Dynamic shared memory (Layout below; tiled_smem_bytes in matmul.rs
 // computes the same total), 16-byte aligned sections:
 //   raw weights BM x RS | 2 stages x BN tokens x { quants 272 | 8 ad |
-//   Q8_1: 8 sums | Q4_K, Q5_K: 16 16-value sums } | int8 weight tile
+//   Q8_1: 8 sums | Q4_K, Q5_K, Q2_K: 16 16-value sums } | int8 weight tile
 //   BM x 272 | scale words BM x blocks | K-quants: chunk scales BM x 9 |
-//   Q4_K, Q5_K: min scales BM x 16 i8, activation sums split BN x 2 x 16 i8
+//   Q4_K, Q5_K, Q2_K: min scales BM x 16 i8, activation sums split
+//   BN x 2 x 16 i8
 // where RS = 16 * floor((TB + 30) / 16) covers TB = 8 * BYTES / NSUB raw
 // bytes at any offset in a 16-byte unit. Row strides are chosen so that
 // the fragment reads of a warp hit 32 different banks (int8 tile: 272
@@ -49,6 +50,7 @@
 // chunk takes two k16 mma, the others one k32 mma.
 template <class T> struct Halves { static constexpr bool v = false; };
 template <> struct Halves<TQ6_K> { static constexpr bool v = true; };
+template <> struct Halves<TQ2_K> { static constexpr bool v = true; };
 
 // Byte offsets of the dynamic shared memory (see the top of the file).
 template <class T, int BM, int BN>
@@ -56,7 +58,7 @@ struct Layout {
     static constexpr int TB = 8 * T::BYTES / T::NSUB;
     static constexpr int RS = 16 * ((TB + 30) / 16);
     static constexpr bool KQ = T::ACT == 2;            // K-quant: 8 chunks per block
-    static constexpr bool MINS = KQ && !Halves<T>::v;  // Q4_K, Q5_K: a min term
+    static constexpr bool MINS = KQ && HasMin<T>::v;   // Q4_K, Q5_K, Q2_K: a min term
     static constexpr int AD_N = 8;                     // ad floats per token (K: 1 used)
     static constexpr int AS_N = T::ACT == 1 ? 8 : 0;   // Q8_1 sums per token
     static constexpr int BS_N = MINS ? 16 : 0;         // Q8_K 16-value sums per token
@@ -218,7 +220,8 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
             if (j % T::NSUB == 0) shdr[r * L::NB + j / T::NSUB] = T::hdr(blk);
             if (L::KQ) {
                 ssc[r * SS + j] = (s0 & 0xffff) | (s1 << 16);
-                if (L::MINS) ((u16*)(smin + r * 16))[j] = (u16)(m | (m << 8));  // one per 16 values
+                // One min per 16 values (Min16: scales() packed them).
+                if (L::MINS) ((u16*)(smin + r * 16))[j] = (u16)(Min16<T>::v ? m : m | (m << 8));
             }
         }
         if (L::MINS) {
@@ -307,7 +310,9 @@ __device__ __forceinline__ void mm_tiled(const u8* W, u64 rb, const i8* aq, cons
                         const u8* tk = st + (32 * wc + 8 * tt + 2 * t + (k & 1)) * L::ACT_TOK;
                         float adv = ((const float*)(tk + L::AD))[ai];
                         float asv = T::ACT == 1 ? ((const float*)(tk + L::AS))[ai] : 0.0f;
-                        acc[rt][tt][k] += T::combine_h(hd[k >> 1], bi[rt][tt][k], summs[k], adv, asv);
+                        // __fadd_rn: never contracted with combine's product.
+                        acc[rt][tt][k] = __fadd_rn(acc[rt][tt][k],
+                                                   T::combine_h(hd[k >> 1], bi[rt][tt][k], summs[k], adv, asv));
                         bi[rt][tt][k] = 0;
                     }
                 }
@@ -360,3 +365,5 @@ MM_TILED(q8_0, TQ8_0)
 MM_TILED(q4_k, TQ4_K)
 MM_TILED(q5_k, TQ5_K)
 MM_TILED(q6_k, TQ6_K)
+MM_TILED(q2_k, TQ2_K)
+MM_TILED(iq2_xxs, TIQ2_XXS)

@@ -56,7 +56,7 @@ fn tiled_smem_bytes(ty: GgmlType, wc: usize) -> usize {
     let raw_stride = 16 * ((tile_bytes + 30) / 16);
     let (rows, toks) = (TILED_ROWS, 32 * wc);
     let k_quant = ty.vec_dot_type() == GgmlType::Q8_K;
-    let mins = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
+    let mins = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K);
     // Per token: quants, 8 ad, 8 Q8_1 sums, 16 Q8_K 16-value sums.
     let act_tok = 272
         + 32
@@ -100,6 +100,12 @@ pub fn matmul_many(
         }
     }
     for (w, out) in ws.iter().zip(outs.iter()) {
+        if w.ggml_type == GgmlType::I32 {
+            return Err(BackendError::BadWeight {
+                name: w.name.clone(),
+                problem: "an i32 table is not a matrix a matmul can apply".into(),
+            });
+        }
         BackendError::check_matmul(
             &w.name,
             (w.rows, w.cols),
