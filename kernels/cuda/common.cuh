@@ -88,6 +88,16 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
+// The routed experts' clamped SwiGLU times the route weight w in f64, as
+// the CPU reference (cpu/hyper.rs, clamped_swiglu_value): silu(min(g, c))
+// * clamp(u, -c, c) * w, rounded once to f32. The MoE matvecs (moe.cu)
+// and the gathered tensor-core GEMM (matmul_tiled.cu) share it.
+__device__ __forceinline__ float swiglu_clamped_w(float g, float u, float c, float w) {
+    double gc = (double)fminf(g, c);
+    double uc = (double)(u < -c ? -c : (u > c ? c : u));
+    return (float)(gc / (1.0 + exp(-gc)) * uc * (double)w);
+}
+
 __device__ __forceinline__ void rope_rot(float& x0, float& x1, float c, float s) {
     float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
     float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));

@@ -76,7 +76,7 @@ __device__ __forceinline__ void chunk_dot(const int* q, int s0, int s1, int m, c
     hi = __dp4a(q[6], a1.z, hi);
     hi = __dp4a(q[7], a1.w, hi);
     isum = s0 * lo + s1 * hi;
-    if (T::ACT == 2) summs = m * (bsp[0] + bsp[1]);
+    if (T::ACT == 2) summs = chunk_min_term<T>(m, bsp[0], bsp[1]);
 }
 
 
@@ -539,7 +539,9 @@ struct MmaFrag {
     int alo[2], ahi[2];
     int s0[2], s1[2], mn[2];
     int blo[MMA_TT], bhi[MMA_TT];
-    int bsum[MMA_TT][2];  // Q8_K: the chunk's sum of tokens 2t, 2t + 1 of each tile
+    // Q8_K: the chunk's activation sum of tokens 2t, 2t + 1 of each tile
+    // (Min16 formats: its two 16-value sums as i16 halves).
+    int bsum[MMA_TT][2];
 };
 
 template <class T>
@@ -568,7 +570,8 @@ __device__ __forceinline__ void mma_load(const u8* const* wr, const i8* aq, cons
             for (int j = 0; j < 2; j++) {
                 int tok = tok0 + 8 * tt + 2 * t + j;
                 const int* bp = bs + (u64)tok * (n_in / 16) + 2 * c;
-                f.bsum[tt][j] = tok < n_tok ? bp[0] + bp[1] : 0;
+                int v = Min16<T>::v ? (int)(((u32)bp[0] & 0xffffu) | ((u32)bp[1] << 16)) : bp[0] + bp[1];
+                f.bsum[tt][j] = tok < n_tok ? v : 0;
             }
         }
     }
@@ -613,12 +616,19 @@ __device__ __forceinline__ void mm_mma(const u8* W, u64 row_bytes, const i8* aq,
                 int ri = k >> 1;               // row g or g + 8
                 int tok = tb + 2 * t + (k & 1);
                 bi[tt][k] += cur.s0[ri] * clo[k] + cur.s1[ri] * chi[k];
-                if (T::ACT == 2) bm[tt][k] += cur.mn[ri] * cur.bsum[tt][k & 1];
+                if (T::ACT == 2) {
+                    int bv = cur.bsum[tt][k & 1];
+                    bm[tt][k] += Min16<T>::v ? chunk_min_term<T>(cur.mn[ri], (int)(short)(bv & 0xffff), bv >> 16)
+                                             : cur.mn[ri] * bv;
+                }
                 if (last) {
                     if (tok < n_tok) {
                         u64 ai = (u64)tok * nab + b;
-                        acc[tt][k] += combine<T>(wr[ri] + (u64)b * T::BYTES, bi[tt][k], bm[tt][k], ad[ai],
-                                                 T::ACT == 1 ? as[ai] : 0.0f);
+                        // __fadd_rn: never contracted with combine's product
+                        // (matmul_tiled.cu sums the same way).
+                        acc[tt][k] = __fadd_rn(acc[tt][k], combine<T>(wr[ri] + (u64)b * T::BYTES, bi[tt][k],
+                                                                      bm[tt][k], ad[ai],
+                                                                      T::ACT == 1 ? as[ai] : 0.0f));
                     }
                     bi[tt][k] = 0;
                     bm[tt][k] = 0;
@@ -681,6 +691,8 @@ MM_Q(q8_0, TQ8_0)
 MM_Q(q4_k, TQ4_K)
 MM_Q(q5_k, TQ5_K)
 MM_Q(q6_k, TQ6_K)
+MM_Q(q2_k, TQ2_K)
+MM_Q(iq2_xxs, TIQ2_XXS)
 
 MM_F(f32, TF32)
 MM_F(f16, TF16)
@@ -691,3 +703,5 @@ MM_F(q8_0, TQ8_0)
 MM_F(q4_k, TQ4_K)
 MM_F(q5_k, TQ5_K)
 MM_F(q6_k, TQ6_K)
+MM_F(q2_k, TQ2_K)
+MM_F(iq2_xxs, TIQ2_XXS)

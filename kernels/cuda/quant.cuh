@@ -1,5 +1,6 @@
 // ggml weight block formats on the device (prepended after common.cuh to
-// the sources that read weights: embed.cu, matmul.cu).
+// the sources that read weights: embed.cu, matmul.cu; iq2.cuh follows it
+// with IQ2_XXS).
 //
 // Every format is read in chunks of 32 consecutive values: a legacy block
 // (Q4_0, Q4_1, Q5_0, Q8_0) is one chunk; a K-quant super-block of 256 is
@@ -270,6 +271,58 @@ struct TQ6_K {
         return lo_h(h) * ad * (float)isum;
     }
 };
+
+// Q2_K: 16 scale bytes (low nibble: scale, high nibble: min, one per 16
+// values) | 64 bytes of 2-bit quants | d | dmin. Chunk sub takes the
+// 2-bit field at shift 2 (sub % 4) of quant bytes 32 (sub / 4) .. + 31.
+// scales() packs the chunk's two mins as m0 | m1 << 8 (Min16 below).
+struct TQ2_K {
+    static __device__ __forceinline__ int word(const u8* b, int sub, int i) {
+        return (int)((ld32_4(b + 16 + 32 * (sub >> 2) + 4 * i) >> (2 * (sub & 3))) & 0x03030303u);
+    }
+    static __device__ __forceinline__ void scales(const u8* b, int sub, int& s0, int& s1, int& m) {
+        int a = b[2 * sub], c = b[2 * sub + 1];
+        s0 = a & 15;
+        s1 = c & 15;
+        m = (a >> 4) | ((c >> 4) << 8);
+    }
+    static constexpr int NSUB = 8, BYTES = 84, ACT = 2;
+    static __device__ __forceinline__ void deq(const u8* b, int sub, float* y) {
+        float d = ld_h(b + 80), dmin = ld_h(b + 82);
+        const u8* qs = b + 16 + 32 * (sub >> 2);
+        int sh = 2 * (sub & 3);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int sc = b[2 * sub + h];
+            float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                y[16 * h + i] = __fsub_rn(__fmul_rn(dl, (float)((qs[16 * h + i] >> sh) & 3)), ml);
+        }
+    }
+    static __device__ __forceinline__ u32 hdr(const u8* b) { return ld32_4(b + 80); }
+    // ggml: dy * d * isum - dy * dmin * summs.
+    static __device__ __forceinline__ float combine_h(u32 h, int isum, int summs, float ad, float) {
+        return __fsub_rn(__fmul_rn(ad * lo_h(h), (float)isum), __fmul_rn(ad * hi_h(h), (float)summs));
+    }
+};
+
+// Formats with a min term (summs: min scales x the Q8_K activation's
+// 16-value sums), and those with a min per 16 values rather than per
+// chunk (scales() packs the chunk's two as m0 | m1 << 8).
+template <class T> struct HasMin { static constexpr bool v = false; };
+template <> struct HasMin<TQ4_K> { static constexpr bool v = true; };
+template <> struct HasMin<TQ5_K> { static constexpr bool v = true; };
+template <> struct HasMin<TQ2_K> { static constexpr bool v = true; };
+template <class T> struct Min16 { static constexpr bool v = false; };
+template <> struct Min16<TQ2_K> { static constexpr bool v = true; };
+
+// The min term of a chunk: its min scale(s) m (as scales() gives them)
+// times its two 16-value activation sums bs0, bs1.
+template <class T>
+__device__ __forceinline__ int chunk_min_term(int m, int bs0, int bs1) {
+    return Min16<T>::v ? (m & 255) * bs0 + (m >> 8) * bs1 : m * (bs0 + bs1);
+}
 
 template <class T>
 __device__ __forceinline__ float combine(const u8* b, int isum, int summs, float ad, float as) {

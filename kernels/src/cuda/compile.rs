@@ -2,8 +2,8 @@
 //! on-disk PTX cache.
 //!
 //! Every `.cu` file is embedded with `include_str!` and compiled with the
-//! shared preludes (`common.cuh`, and `quant.cuh` for sources that read
-//! weight blocks) prepended, since NVRTC sees no include path.
+//! shared preludes (`common.cuh`, and `quant.cuh` + `iq2.cuh` for sources
+//! that read weight blocks) prepended, since NVRTC sees no include path.
 //!
 //! Cache invariants: a cache file is named by the SHA-256 of everything
 //! that determines its content (NVRTC version, options, target arch,
@@ -24,13 +24,14 @@ use sha2::{Digest, Sha256};
 
 const COMMON: &str = include_str!("../../cuda/common.cuh");
 const QUANT: &str = include_str!("../../cuda/quant.cuh");
+const IQ2: &str = include_str!("../../cuda/iq2.cuh");
 
 /// One kernel source and the kernels the Rust side loads from it.
 pub struct KernelSource {
     /// File stem in `kernels/cuda/` (also the module name).
     pub name: &'static str,
     src: &'static str,
-    /// Whether `quant.cuh` is prepended.
+    /// Whether `quant.cuh` and `iq2.cuh` are prepended.
     quant: bool,
     /// Whether its kernels may use all the dynamic shared memory a block
     /// can opt into (set when the module is loaded).
@@ -41,11 +42,14 @@ pub struct KernelSource {
 impl KernelSource {
     /// The text NVRTC compiles: preludes, then the file.
     pub fn full_source(&self) -> String {
-        let mut s = String::with_capacity(COMMON.len() + QUANT.len() + self.src.len() + 64);
+        let mut s =
+            String::with_capacity(COMMON.len() + QUANT.len() + IQ2.len() + self.src.len() + 96);
         s.push_str(COMMON);
         if self.quant {
             s.push_str("\n#line 1 \"quant.cuh\"\n");
             s.push_str(QUANT);
+            s.push_str("\n#line 1 \"iq2.cuh\"\n");
+            s.push_str(IQ2);
         }
         s.push_str(&format!("\n#line 1 \"{}.cu\"\n", self.name));
         s.push_str(self.src);
@@ -85,6 +89,9 @@ pub const SOURCES: &[KernelSource] = &[
             "embed_q4_k",
             "embed_q5_k",
             "embed_q6_k",
+            "embed_q2_k",
+            "embed_iq2_xxs",
+            "embed_i32",
         ],
     },
     KernelSource {
@@ -155,6 +162,20 @@ pub const SOURCES: &[KernelSource] = &[
             "mmf8_q5_k",
             "mmf1_q6_k",
             "mmf8_q6_k",
+            "mv32_q2_k",
+            "mv64_q2_k",
+            "mv128_q2_k",
+            "mmq8_q2_k",
+            "mma_q2_k",
+            "mmf1_q2_k",
+            "mmf8_q2_k",
+            "mv32_iq2_xxs",
+            "mv64_iq2_xxs",
+            "mv128_iq2_xxs",
+            "mmq8_iq2_xxs",
+            "mma_iq2_xxs",
+            "mmf1_iq2_xxs",
+            "mmf8_iq2_xxs",
         ],
     },
     KernelSource {
@@ -178,6 +199,34 @@ pub const SOURCES: &[KernelSource] = &[
             "mmt2_q5_k",
             "mmt1_q6_k",
             "mmt2_q6_k",
+            "mmt1_q2_k",
+            "mmt2_q2_k",
+            "mmt1_iq2_xxs",
+            "mmt2_iq2_xxs",
+            "mmg1_q8_0",
+            "mmg2_q8_0",
+            "mmgu1_q8_0",
+            "mmgu2_q8_0",
+            "mmg1_q4_k",
+            "mmg2_q4_k",
+            "mmgu1_q4_k",
+            "mmgu2_q4_k",
+            "mmg1_q5_k",
+            "mmg2_q5_k",
+            "mmgu1_q5_k",
+            "mmgu2_q5_k",
+            "mmg1_q6_k",
+            "mmg2_q6_k",
+            "mmgu1_q6_k",
+            "mmgu2_q6_k",
+            "mmg1_q2_k",
+            "mmg2_q2_k",
+            "mmgu1_q2_k",
+            "mmgu2_q2_k",
+            "mmg1_iq2_xxs",
+            "mmg2_iq2_xxs",
+            "mmgu1_iq2_xxs",
+            "mmgu2_iq2_xxs",
         ],
     },
     KernelSource {
@@ -235,6 +284,57 @@ pub const SOURCES: &[KernelSource] = &[
             "comp_attn_d256",
             "comp_attn_d512",
             "comp_attn_merge",
+        ],
+    },
+    KernelSource {
+        name: "moe",
+        src: include_str!("../../cuda/moe.cu"),
+        quant: true,
+        big_smem: false,
+        kernels: &[
+            "moe_route",
+            "moe_plan",
+            "moe_reduce",
+            "moe_mv_q4_0",
+            "moe_mvgu_q4_0",
+            "moe_mv_q4_1",
+            "moe_mvgu_q4_1",
+            "moe_mv_q5_0",
+            "moe_mvgu_q5_0",
+            "moe_mv_q8_0",
+            "moe_mvgu_q8_0",
+            "moe_mv_q2_k",
+            "moe_mvgu_q2_k",
+            "moe_mv_q4_k",
+            "moe_mvgu_q4_k",
+            "moe_mv_q5_k",
+            "moe_mvgu_q5_k",
+            "moe_mv_q6_k",
+            "moe_mvgu_q6_k",
+            "moe_mv_iq2_xxs",
+            "moe_mvgu_iq2_xxs",
+            "moe_f_f32",
+            "moe_fgu_f32",
+            "moe_f_f16",
+            "moe_fgu_f16",
+            "moe_f_q4_0",
+            "moe_fgu_q4_0",
+            "moe_f_q4_1",
+            "moe_fgu_q4_1",
+            "moe_f_q5_0",
+            "moe_fgu_q5_0",
+            "moe_f_q8_0",
+            "moe_fgu_q8_0",
+            "moe_f_q2_k",
+            "moe_fgu_q2_k",
+            "moe_f_q4_k",
+            "moe_fgu_q4_k",
+            "moe_f_q5_k",
+            "moe_fgu_q5_k",
+            "moe_f_q6_k",
+            "moe_fgu_q6_k",
+            "moe_f_iq2_xxs",
+            "moe_fgu_iq2_xxs",
         ],
     },
     KernelSource {

@@ -67,6 +67,9 @@ pub fn embed_ptr(
         Some("q4_k") => "embed_q4_k",
         Some("q5_k") => "embed_q5_k",
         Some("q6_k") => "embed_q6_k",
+        Some("q2_k") => "embed_q2_k",
+        Some("iq2_xxs") => "embed_iq2_xxs",
+        Some("i32") => "embed_i32",
         _ => unreachable!("bound weights have a CUDA type"),
     };
     let (wp, ip, op) = (be.weight_ptr(table), be.upload_cached(ids)?, out);

@@ -47,16 +47,17 @@ fn k_splits(blocks: usize, k_tiles: usize, n_tok: usize, sms: usize) -> (usize, 
     (k_tiles.div_ceil(per), per)
 }
 
-/// Dynamic shared memory of `mmt<wc>_<type>` (`Layout` in
-/// matmul_tiled.cu): raw weight rows, two stages of activation quants and
-/// scales, then the unpacked int8 tile, block scale words, chunk scales
-/// and the min-term operands.
+/// Dynamic shared memory of `mmt<wc>_<type>` and the gathered
+/// `mmg<wc>_<type>`, `mmgu<wc>_<type>` (`Layout` in matmul_tiled.cu): raw
+/// weight rows, two stages of activation quants and scales, then the
+/// unpacked int8 tile, block scale words, chunk scales, the min-term
+/// operands and each token's activation row.
 fn tiled_smem_bytes(ty: GgmlType, wc: usize) -> usize {
     let tile_bytes = ty.row_bytes(256).expect("quantized types fill 256 values");
     let raw_stride = 16 * ((tile_bytes + 30) / 16);
     let (rows, toks) = (TILED_ROWS, 32 * wc);
     let k_quant = ty.vec_dot_type() == GgmlType::Q8_K;
-    let mins = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
+    let mins = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K);
     // Per token: quants, 8 ad, 8 Q8_1 sums, 16 Q8_K 16-value sums.
     let act_tok = 272
         + 32
@@ -70,7 +71,9 @@ fn tiled_smem_bytes(ty: GgmlType, wc: usize) -> usize {
     let headers = (rows * blocks * 4).next_multiple_of(16);
     let scales = if k_quant { rows * 4 * 9 } else { 0 };
     let min_terms = if mins { rows * 16 + toks * 32 } else { 0 };
-    rows * raw_stride + 2 * toks * act_tok + rows * 272 + headers + scales + min_terms
+    // The activation row of each token.
+    let act_rows = 4 * toks;
+    rows * raw_stride + 2 * toks * act_tok + rows * 272 + headers + scales + min_terms + act_rows
 }
 
 pub fn matmul(
@@ -100,6 +103,12 @@ pub fn matmul_many(
         }
     }
     for (w, out) in ws.iter().zip(outs.iter()) {
+        if w.ggml_type == GgmlType::I32 {
+            return Err(BackendError::BadWeight {
+                name: w.name.clone(),
+                problem: "an i32 table is not a matrix a matmul can apply".into(),
+            });
+        }
         BackendError::check_matmul(
             &w.name,
             (w.rows, w.cols),
@@ -254,15 +263,27 @@ fn matvecs(
 }
 
 /// Device buffers of one quantized activation (see matmul.cu).
-struct Act {
-    aq: u64,
-    ad: u64,
-    asum: u64,
-    bs: u64,
+pub(super) struct Act {
+    pub aq: u64,
+    pub ad: u64,
+    pub asum: u64,
+    pub bs: u64,
+}
+
+impl Act {
+    /// The buffers at `s[0..4]` (scratch made with [`act_sizes`]).
+    pub(super) fn at(s: &[u64]) -> Act {
+        Act {
+            aq: s[0],
+            ad: s[1],
+            asum: s[2],
+            bs: s[3],
+        }
+    }
 }
 
 /// Byte sizes of [`Act`]'s buffers for `n` values in format `act`.
-fn act_sizes(act: GgmlType, n: usize) -> [usize; 4] {
+pub(super) fn act_sizes(act: GgmlType, n: usize) -> [usize; 4] {
     [
         n,
         4 * (n / 32),
@@ -291,13 +312,31 @@ fn act_code(act: GgmlType) -> i32 {
 
 /// Quantizes `x` into `a`: inside the kernel that just produced `x` where
 /// it can (see [`CudaBackend::fuse_quantization`]), else by its own launch.
-fn quantize(be: &CudaBackend, act: GgmlType, x: &CudaTensor, a: &Act) -> Result<(), BackendError> {
-    let n = x.rows * x.cols;
-    let fmt = act_code(act);
-    if be.fuse_quantization(x, fmt, [a.aq, a.ad, a.asum, a.bs]) {
+pub(super) fn quantize(
+    be: &CudaBackend,
+    act: GgmlType,
+    x: &CudaTensor,
+    a: &Act,
+) -> Result<(), BackendError> {
+    if be.fuse_quantization(x, act_code(act), [a.aq, a.ad, a.asum, a.bs]) {
         return Ok(());
     }
-    let (xp, n_i, n_in_i) = (x.ptr, n as i32, x.cols as i32);
+    quantize_rows(be, act, x.ptr, x.rows, x.cols, a)
+}
+
+/// Quantizes `rows` rows of `cols` f32 at device address `xp` into `a`
+/// (its own launch; `cols` a multiple of 256 for Q8_K).
+pub(super) fn quantize_rows(
+    be: &CudaBackend,
+    act: GgmlType,
+    xp: u64,
+    rows: usize,
+    cols: usize,
+    a: &Act,
+) -> Result<(), BackendError> {
+    let n = rows * cols;
+    let fmt = act_code(act);
+    let (n_i, n_in_i) = (n as i32, cols as i32);
     // One warp per 256 values, 8 warps per block.
     let grid = (n.div_ceil(256 * 8) as u32, 1, 1);
     if fmt == 2 {
@@ -413,4 +452,91 @@ fn launch_float(
     let (n_out_i, n_in_i, n_tok_i) = (n_out as i32, n_in as i32, n_tok as i32);
     let name = format!("mmf{nt}_{suffix}");
     launch!(be, name.as_str(), grid, 128; &wp, &rb, &xp, &op, &n_out_i, &n_in_i, &n_tok_i)
+}
+
+/// A launch of the gathered tiled kernels (`mmg<wc>_<type>`,
+/// `mmgu<wc>_<type>` in matmul_tiled.cu): row block `e` of a stacked
+/// weight times the activation rows each tile lists (see `GatherTile`
+/// there). moe.rs plans the tiles and owns the buffers.
+pub(super) struct Gather {
+    /// The stacked weight (gate with `w1` = up for the SwiGLU kernels).
+    pub w0: u64,
+    pub w1: u64,
+    pub ty: GgmlType,
+    pub rb: u64,
+    /// Rows of one block (expert or group), and their width.
+    pub n_out: usize,
+    pub n_in: usize,
+    /// `(e, first, cnt, -)` i32 records, `n_tiles` of them (device
+    /// memory), at most `tiles_max`.
+    pub tiles: u64,
+    pub n_tiles: u64,
+    pub tiles_max: usize,
+    /// Position `first + t * stride`; activation row `src[p] / div`
+    /// (`src` 0: `p`).
+    pub src: u64,
+    pub div: i32,
+    pub stride: i32,
+    /// `[positions, n_out]` results; `wts`: route weights by entry (SwiGLU).
+    pub out: u64,
+    pub positions: usize,
+    pub wts: u64,
+    pub clamp: f32,
+}
+
+/// Token warps (`wc`: 32 tokens each) of the gathered tiled kernel for
+/// tiles of up to `tokens` rows of `ty`, where the device runs it (tensor
+/// cores on and the block's shared memory fitting); `None` otherwise.
+pub(super) fn gather_token_warps(be: &CudaBackend, ty: GgmlType, tokens: usize) -> Option<usize> {
+    if !be.tensor_cores() || !ty.is_quantized() {
+        return None;
+    }
+    let preferred = if tokens <= 32 { 1 } else { 2 };
+    [preferred, 1]
+        .into_iter()
+        .find(|&wc| tiled_smem_bytes(ty, wc) <= be.smem_optin as usize)
+}
+
+/// Records one gathered tiled launch with `wc` token warps (see
+/// [`gather_token_warps`]); `gu`: gate and up with the clamped SwiGLU.
+/// `split_tokens`: plain launches for batches of that many tokens whose
+/// grid leaves SMs idle are cut along K (their partial sums added in
+/// order after), as [`launch_quantized`] does; `None` (and the SwiGLU
+/// kernels): never.
+pub(super) fn gathered_tiled(
+    be: &CudaBackend,
+    g: &Gather,
+    wc: usize,
+    gu: bool,
+    split_tokens: Option<usize>,
+    a: &Act,
+) -> Result<(), BackendError> {
+    let suffix = kernel_suffix(g.ty).expect("bound weights have a CUDA type");
+    let name = format!("{}{wc}_{suffix}", if gu { "mmgu" } else { "mmg" });
+    let smem = tiled_smem_bytes(g.ty, wc);
+    let rows_per_block = if gu { TILED_ROWS / 2 } else { TILED_ROWS };
+    let gx = g.n_out.div_ceil(rows_per_block);
+    let k_tiles = g.n_in.div_ceil(256);
+    let (splits, kt_per) = match split_tokens {
+        Some(tokens) if !gu => k_splits(gx * g.tiles_max, k_tiles, tokens, be.sm_count()),
+        _ => (1, k_tiles),
+    };
+    let total = g.positions * g.n_out;
+    let dst = if splits > 1 {
+        be.arena_bytes(4 * splits * total)?
+    } else {
+        g.out
+    };
+    let (n_out_i, n_in_i, kt_per_i) = (g.n_out as i32, g.n_in as i32, kt_per as i32);
+    let split_stride = total as u64;
+    launch!(be, name.as_str(), (gx as u32, g.tiles_max as u32, splits as u32),
+        (32 * TILED_ROW_WARPS as u32 * wc as u32, smem as u32);
+        &g.w0, &g.w1, &g.rb, &n_out_i, &g.tiles, &g.n_tiles, &g.src, &g.div, &g.stride,
+        &a.aq, &a.ad, &a.asum, &a.bs, &dst, &split_stride, &g.wts, &g.clamp, &n_in_i, &kt_per_i)?;
+    if splits > 1 {
+        let (n_i, splits_i) = (total as i32, splits as i32);
+        launch!(be, "mmt_split_sum", (total.div_ceil(256) as u32, 1, 1), 256;
+            &dst, &g.out, &n_i, &splits_i)?;
+    }
+    Ok(())
 }

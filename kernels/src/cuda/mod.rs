@@ -176,11 +176,15 @@ pub fn kernel_suffix(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_K => "q4_k",
         GgmlType::Q5_K => "q5_k",
         GgmlType::Q6_K => "q6_k",
+        GgmlType::Q2_K => "q2_k",
+        GgmlType::IQ2_XXS => "iq2_xxs",
+        // Index tables (hash routing): read by moe_route and embed only.
+        GgmlType::I32 => "i32",
         _ => return None,
     })
 }
 
-const SUPPORTED: &str = "f32, f16, q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K";
+const SUPPORTED: &str = "f32, f16, q4_0, q4_1, q5_0, q8_0, q2_K, q4_K, q5_K, q6_K, iq2_xxs, i32";
 
 fn dev_err(what: &str, e: impl std::fmt::Debug) -> BackendError {
     let s = format!("{what}: {e:?}");
@@ -829,8 +833,9 @@ fn check_weight(
         )));
     }
     // One-row F32 weights (norm scales, gate scales and biases of any
-    // length) are only read element-wise, as their dense copy.
-    let element_wise = rows == 1 && ty == GgmlType::F32;
+    // length) are only read element-wise, as their dense copy; index
+    // tables are read value by value (DeepSeek V4's are 6 wide).
+    let element_wise = (rows == 1 && ty == GgmlType::F32) || ty == GgmlType::I32;
     if !cols.is_multiple_of(32) && !element_wise {
         return Err(bad(format!(
             "rows of {cols} values: the CUDA kernels need a multiple of 32"

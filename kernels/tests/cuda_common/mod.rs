@@ -60,7 +60,7 @@ pub fn f16_bytes(v: f32) -> [u8; 2] {
 
 /// A valid `[rows, cols]` weight of type `ty`: quantized random values
 /// where `quantize_row` supports the type, else random blocks whose f16
-/// scales are bounded (K-quants).
+/// scales are bounded (K-quants, IQ2_XXS).
 pub fn weight_bytes(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let row_bytes = ty.row_bytes(cols).expect("whole blocks");
     let mut out = vec![0u8; rows * row_bytes];
@@ -82,6 +82,12 @@ pub fn weight_bytes(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Ve
                     blk[2..4].copy_from_slice(&f16_bytes(dmin));
                 }
                 GgmlType::Q6_K => blk[208..210].copy_from_slice(&f16_bytes(d * 0.1)),
+                // Any scale, quant, grid and sign bytes are valid.
+                GgmlType::Q2_K => {
+                    blk[80..82].copy_from_slice(&f16_bytes(d));
+                    blk[82..84].copy_from_slice(&f16_bytes(dmin));
+                }
+                GgmlType::IQ2_XXS => blk[0..2].copy_from_slice(&f16_bytes(d)),
                 other => panic!("no block generator for {other}"),
             }
         }
