@@ -25,6 +25,11 @@ pub struct ModelArgs {
     /// else the CPU, with a log line saying why), `cpu`, `cuda` or `cuda:N`.
     #[arg(long, env = "DS4_DEVICE", default_value = "auto")]
     pub device: String,
+    /// Exact numerics: weights dequantized to f32, f32 activations and
+    /// caches, no activation rounding. For comparisons with float
+    /// reference implementations and between devices; slower.
+    #[arg(long, env = "DS4_EXACT_NUMERICS")]
+    pub exact_numerics: bool,
     #[command(flatten)]
     pub cuda: CudaArgs,
 }
@@ -111,9 +116,18 @@ impl Device {
 }
 
 impl ModelArgs {
-    /// Open the backend `--device` asks for, in production numerics.
+    /// The numerics `--exact-numerics` asks for.
+    pub fn numerics(&self) -> Numerics {
+        if self.exact_numerics {
+            Numerics::Exact
+        } else {
+            Numerics::Production
+        }
+    }
+
+    /// Open the backend `--device` asks for, in the numerics asked for.
     pub fn open_device(&self) -> anyhow::Result<Device> {
-        self.open_device_with(Numerics::Production)
+        self.open_device_with(self.numerics())
     }
 
     /// Open the backend `--device` asks for, computing with `numerics`.

@@ -12,7 +12,7 @@ use ds4_inference_worker::generate::{generate, GenerateRequest, Generation};
 use ds4_inference_worker::runtime::LoadedModel;
 use ds4_inference_worker::sampler::SamplingParams;
 use ds4_kernels::cpu::sampling::top_k;
-use ds4_kernels::{Backend, Numerics};
+use ds4_kernels::Backend;
 use ds4_model::chat::{
     AnswerEvent, AnswerFormat, AnswerParser, ChatError, Conversation, RenderOptions, ReplayStore,
     Role, Thinking,
@@ -95,11 +95,6 @@ struct Cli {
     /// With --tokens-file: feed the tokens one by one (decode steps).
     #[arg(long, requires = "tokens_file")]
     decode: bool,
-    /// Exact numerics: weights dequantized to f32, f32 activations and
-    /// caches, no activation rounding. For comparisons with float
-    /// reference implementations; slower than the default.
-    #[arg(long, env = "DS4_EXACT_NUMERICS")]
-    exact_numerics: bool,
 }
 
 #[derive(Serialize)]
@@ -197,12 +192,7 @@ fn main() -> anyhow::Result<()> {
     init_logging("warn");
     let cli = Cli::parse();
     cli.model.init_threads();
-    let numerics = if cli.exact_numerics {
-        Numerics::Exact
-    } else {
-        Numerics::Production
-    };
-    match cli.model.open_device_with(numerics)? {
+    match cli.model.open_device()? {
         Device::Cpu(be) => run_with(&cli, be),
         Device::Cuda(be) => run_with(&cli, *be),
     }
@@ -475,7 +465,7 @@ mod tests {
             let cli = Cli::try_parse_from(args).unwrap();
             eval_tokens(
                 &cli,
-                ds4_kernels::CpuBackend::with_numerics(Numerics::Exact),
+                ds4_kernels::CpuBackend::with_numerics(ds4_kernels::Numerics::Exact),
                 &tokens_file,
                 &out,
             )

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# DeepSeek V4 served from a CUDA VMM weight owner by a CUDA worker, answering
+# over HTTP exactly as a CPU worker does, on an NVIDIA GPU.
+#
+#   scripts/device/ds4-vmm-http.sh BIN_DIR LOG_DIR MODEL.gguf
+#
+# BIN_DIR holds prebuilt ds4-weight-server and ds4-server (release build
+# from any Linux machine with glibc >= 2.34; no CUDA toolkit needed, the
+# driver and NVRTC are loaded at run time). MODEL is a DeepSeek V4 GGUF
+# (scripts/gen-ds4-tiny.sh's ds4-tiny.gguf for the check). LOG_DIR
+# receives every log and answer.
+#
+# Steps: (1) an owner holds the model in CUDA VMM memory (--backend vmm);
+# (2) a CUDA worker attaches (weights bound in place) and answers a set of
+# greedy chat requests (short and 2,500-token prompts, thinking on and
+# off) in exact numerics (--exact-numerics: f32 everywhere, so the two
+# devices agree to float rounding and greedy tokens are the same); (3) a
+# CPU worker on the same file answers the same requests; (4) the token ids
+# of both must be equal, request by request. Prints a short table last;
+# exits non-zero if a step failed.
+set -uo pipefail
+
+bin="${1:?usage: $0 BIN_DIR LOG_DIR MODEL.gguf}"
+logs="${2:?usage: $0 BIN_DIR LOG_DIR MODEL.gguf}"
+model="${3:?usage: $0 BIN_DIR LOG_DIR MODEL.gguf}"
+mkdir -p "$logs"
+logs="$(cd "$logs" && pwd)"
+export NO_COLOR=1 RUST_LOG=info
+run="$(mktemp -d "${TMPDIR:-/tmp}/ds4-http.XXXXXX")"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$run"; }
+trap cleanup EXIT
+failed=0
+results=()
+record() { results+=("$1|$2"); echo "$1: $2" >>"$logs/summary.log"; }
+
+wait_http() {
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# ask PORT NAME: every request of the set, greedy, token ids saved.
+ask() {
+  local port="$1" name="$2" i=0
+  : >"$logs/$name.ids"
+  while IFS= read -r body; do
+    i=$((i + 1))
+    curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
+      -d "$body" >"$logs/$name-$i.json"
+    python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); print(v["choices"][0].get("token_ids"))' \
+      "$logs/$name-$i.json" >>"$logs/$name.ids" 2>>"$logs/$name.err" || echo "error" >>"$logs/$name.ids"
+  done <"$run/requests.jsonl"
+}
+
+python3 - "$run/requests.jsonl" <<'PY'
+import json, sys
+reqs = []
+long = "".join(f"Item {i}: the value is {i * 7 + 3}.\n" for i in range(120))
+for i, text in enumerate(["Hello", "The capital of France is", long, "def f(x):", long + "And item 7?"]):
+    for effort in ["none", "high"]:
+        reqs.append({"messages": [{"role": "user", "content": text}], "temperature": 0,
+                     "max_tokens": 24, "reasoning_effort": effort, "return_token_ids": True})
+with open(sys.argv[1], "w") as f:
+    for r in reqs:
+        f.write(json.dumps(r) + "\n")
+PY
+
+manifest="$run/weights.json"
+"$bin/ds4-weight-server" --base "$model" --manifest "$manifest" --backend vmm >"$logs/owner.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 600); do [[ -e "$manifest" ]] && break; sleep 0.1; done
+if [[ -e "$manifest" ]]; then record "vmm owner" "ready"; else record "vmm owner" "FAILED"; failed=1; fi
+
+"$bin/ds4-server" --weights-manifest "$manifest" --device cuda --exact-numerics --port 18101 --ctx 4096 \
+  >"$logs/cuda-worker.log" 2>&1 &
+pids+=($!)
+if wait_http 18101; then
+  ask 18101 cuda
+  record "cuda worker (attached)" "$(grep -c '^\[' "$logs/cuda.ids") answers"
+else
+  record "cuda worker (attached)" "FAILED to start"; failed=1
+fi
+
+"$bin/ds4-server" -m "$model" --device cpu --exact-numerics --port 18102 --ctx 4096 \
+  >"$logs/cpu-worker.log" 2>&1 &
+pids+=($!)
+if wait_http 18102; then
+  ask 18102 cpu
+  record "cpu worker" "$(grep -c '^\[' "$logs/cpu.ids") answers"
+else
+  record "cpu worker" "FAILED to start"; failed=1
+fi
+
+if [[ -s "$logs/cuda.ids" ]] && cmp -s "$logs/cuda.ids" "$logs/cpu.ids"; then
+  record "cuda == cpu token ids" "yes ($(wc -l <"$logs/cuda.ids") requests)"
+else
+  record "cuda == cpu token ids" "NO (see cuda.ids / cpu.ids)"; failed=1
+fi
+grep -h "computing on CUDA\|model loaded" "$logs/cuda-worker.log" | head -3 >"$logs/binding.txt"
+
+echo
+printf '%-28s %s\n' "step" "result"
+for r in "${results[@]}"; do printf '%-28s %s\n' "${r%%|*}" "${r#*|}"; done
+exit $failed
