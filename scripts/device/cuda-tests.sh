@@ -54,6 +54,8 @@ status=0
 tests=(cuda_compile cuda_parity cuda_hyper cuda_compressed cuda_moe cuda_perf)
 [[ -n "${DS4_TEST_MODEL:-}" ]] && tests+=(cuda_e2e)
 [[ -n "${DS4_TINY_DIR:-}" ]] && tests+=(cuda_ds4)
+# DS4_CUDA_TESTS="cuda_parity cuda_ds4" runs only those.
+[[ -n "${DS4_CUDA_TESTS:-}" ]] && read -ra tests <<<"$DS4_CUDA_TESTS"
 for t in "${tests[@]}"; do
     exe="$bin/$t"
     if [[ ! -x "$exe" ]]; then
