@@ -333,9 +333,16 @@ impl CudaBackend {
                     .load_function(k)
                     .map_err(|e| dev_err(&format!("kernel {k} of {}.cu", src.name), e))?;
                 if src.big_smem {
+                    // The opt-in limit covers static and dynamic shared
+                    // memory together.
+                    let fixed = f
+                        .get_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                        )
+                        .map_err(|e| dev_err(&format!("querying {k}'s shared memory"), e))?;
                     f.set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem_optin as i32,
+                        smem_optin as i32 - fixed,
                     )
                     .map_err(|e| dev_err(&format!("allowing {k} its shared memory"), e))?;
                 }
