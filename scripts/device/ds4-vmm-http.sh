@@ -16,8 +16,9 @@
 # off) in exact numerics (--exact-numerics: f32 everywhere, so the two
 # devices agree to float rounding and greedy tokens are the same); (3) a
 # CPU worker on the same file answers the same requests; (4) the token ids
-# of both must be equal, request by request. Prints a short table last;
-# exits non-zero if a step failed.
+# of both must be equal, request by request, and the CUDA worker's answers
+# to all requests sent at once (batched steps) equal its answers one by
+# one. Prints a short table last; exits non-zero if a step failed.
 set -uo pipefail
 
 bin="${1:?usage: $0 BIN_DIR LOG_DIR MODEL.gguf}"
@@ -40,6 +41,23 @@ wait_http() {
     sleep 0.1
   done
   return 1
+}
+
+# ask_all PORT NAME: every request of the set at once (batched by the
+# engine), token ids saved in request order.
+ask_all() {
+  local port="$1" name="$2" i=0
+  while IFS= read -r body; do
+    i=$((i + 1))
+    curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
+      -d "$body" >"$logs/$name-$i.json" &
+  done <"$run/requests.jsonl"
+  wait
+  : >"$logs/$name.ids"
+  for j in $(seq 1 "$i"); do
+    python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); print(v["choices"][0].get("token_ids"))' \
+      "$logs/$name-$j.json" >>"$logs/$name.ids" 2>>"$logs/$name.err" || echo "error" >>"$logs/$name.ids"
+  done
 }
 
 # ask PORT NAME: every request of the set, greedy, token ids saved.
@@ -80,6 +98,12 @@ pids+=($!)
 if wait_http 18101; then
   ask 18101 cuda
   record "cuda worker (attached)" "$(grep -c '^\[' "$logs/cuda.ids") answers"
+  ask_all 18101 cuda-batched
+  if cmp -s "$logs/cuda.ids" "$logs/cuda-batched.ids"; then
+    record "cuda batched == alone" "yes"
+  else
+    record "cuda batched == alone" "NO (see cuda-batched.ids)"; failed=1
+  fi
 else
   record "cuda worker (attached)" "FAILED to start"; failed=1
 fi

@@ -38,8 +38,9 @@ pub fn embed_ptr(
             ),
         });
     }
-    if !cols.is_multiple_of(32) {
-        // (Binding allows other widths for one-row F32 weights only.)
+    if !cols.is_multiple_of(32) && table.ggml_type != crate::quant::GgmlType::I32 {
+        // (Binding allows other widths for one-row F32 weights and for i32
+        // tables, which `embed_i32` gathers value by value.)
         return Err(BackendError::Shape {
             op: "embed",
             detail: format!("rows of {cols} values: the gather needs a multiple of 32"),
