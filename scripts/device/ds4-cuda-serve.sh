@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# DeepSeek V4 served from a CUDA VMM weight owner by a CUDA worker, answering
-# over HTTP exactly as a CPU worker does, on an NVIDIA GPU.
+# DeepSeek V4 served on an NVIDIA GPU: from a CUDA VMM weight owner by a
+# CUDA worker, answering over HTTP exactly as a CPU worker does, batched or
+# not; a resent conversation resumes from cached state, and from the disk
+# KV cache after a restart.
 #
-#   scripts/device/ds4-vmm-http.sh BIN_DIR LOG_DIR MODEL.gguf
+#   scripts/device/ds4-cuda-serve.sh BIN_DIR LOG_DIR MODEL.gguf
 #
 # BIN_DIR holds prebuilt ds4-weight-server and ds4-server (release build
 # from any Linux machine with glibc >= 2.34; no CUDA toolkit needed, the
@@ -18,7 +20,11 @@
 # CPU worker on the same file answers the same requests; (4) the token ids
 # of both must be equal, request by request, and the CUDA worker's answers
 # to all requests sent at once (batched steps) equal its answers one by
-# one. Prints a short table last; exits non-zero if a step failed.
+# one; (5) a standalone CUDA worker with --kv-disk-dir answers a
+# 2,000-token conversation, then the conversation resent with a new turn
+# (at least 1,800 cached tokens, the same answer as the CPU worker's cold
+# run), is restarted, and answers it again from the disk cache. Prints a
+# short table last; exits non-zero if a step failed.
 set -uo pipefail
 
 bin="${1:?usage: $0 BIN_DIR LOG_DIR MODEL.gguf}"
@@ -118,12 +124,69 @@ else
   record "cpu worker" "FAILED to start"; failed=1
 fi
 
+# resume PORT NAME: the conversation, then it resent with a new turn;
+# prints "cached=N" of the resent request and saves its token ids.
+resume() {
+  python3 - "$1" "$logs/$2" <<'PY'
+import json, sys, urllib.request
+port, out = sys.argv[1], sys.argv[2]
+def chat(messages):
+    body = json.dumps({"messages": messages, "temperature": 0, "max_tokens": 12,
+                       "reasoning_effort": "none", "return_token_ids": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
+                                 {"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=300))
+long = "".join(f"Item {i}: the alpha value is {i * 7 + 3}.\n" for i in range(90))
+first = [{"role": "user", "content": long}]
+a = chat(first)
+nxt = first + [{"role": "assistant", "content": a["choices"][0]["message"]["content"]},
+               {"role": "user", "content": "And item 12?"}]
+b = chat(nxt)
+open(out + ".ids", "w").write(json.dumps(b["choices"][0]["token_ids"]) + "\n")
+print(f'prompt={a["usage"]["prompt_tokens"]} cached={b["usage"]["prompt_tokens_details"]["cached_tokens"]}')
+PY
+}
+
 if [[ -s "$logs/cuda.ids" ]] && cmp -s "$logs/cuda.ids" "$logs/cpu.ids"; then
   record "cuda == cpu token ids" "yes ($(wc -l <"$logs/cuda.ids") requests)"
 else
   record "cuda == cpu token ids" "NO (see cuda.ids / cpu.ids)"; failed=1
 fi
 grep -h "computing on CUDA\|model loaded" "$logs/cuda-worker.log" | head -3 >"$logs/binding.txt"
+
+# Prefix reuse and the disk KV cache on the CUDA worker; the CPU worker's
+# cold answer to the resent conversation is the reference.
+resume 18102 cpu-resume >/dev/null
+kv="$run/kv"
+"$bin/ds4-server" -m "$model" --device cuda --exact-numerics --port 18103 --ctx 4096 \
+  --kv-disk-dir "$kv" >"$logs/cuda-disk-1.log" 2>&1 &
+pids+=($!)
+if wait_http 18103; then
+  r=$(resume 18103 cuda-resume)
+  c=${r##*cached=}
+  if [[ "$c" -ge 1800 ]] && cmp -s "$logs/cuda-resume.ids" "$logs/cpu-resume.ids"; then
+    record "cuda resent conversation" "$r, answer == cpu cold"
+  else
+    record "cuda resent conversation" "FAILED: $r"; failed=1
+  fi
+  kill -TERM "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null
+  "$bin/ds4-server" -m "$model" --device cuda --exact-numerics --port 18104 --ctx 4096 \
+    --kv-disk-dir "$kv" >"$logs/cuda-disk-2.log" 2>&1 &
+  pids+=($!)
+  if wait_http 18104; then
+    r=$(resume 18104 cuda-restored)
+    if grep -q "prefix restored" "$logs/cuda-disk-2.log" \
+      && cmp -s "$logs/cuda-restored.ids" "$logs/cpu-resume.ids"; then
+      record "cuda restart, from disk" "$r, restored, answer == cpu cold"
+    else
+      record "cuda restart, from disk" "FAILED: $r"; failed=1
+    fi
+  else
+    record "cuda restart, from disk" "FAILED to start"; failed=1
+  fi
+else
+  record "cuda resent conversation" "FAILED to start"; failed=1
+fi
 
 echo
 printf '%-28s %s\n' "step" "result"
