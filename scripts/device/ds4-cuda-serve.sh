@@ -42,7 +42,8 @@ results=()
 record() { results+=("$1|$2"); echo "$1: $2" >>"$logs/summary.log"; }
 
 wait_http() {
-  for _ in $(seq 1 600); do
+  # A first start on a machine compiles the kernels (about a minute).
+  for _ in $(seq 1 1800); do
     curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
     sleep 0.1
   done
@@ -52,13 +53,14 @@ wait_http() {
 # ask_all PORT NAME: every request of the set at once (batched by the
 # engine), token ids saved in request order.
 ask_all() {
-  local port="$1" name="$2" i=0
+  local port="$1" name="$2" i=0 curls=()
   while IFS= read -r body; do
     i=$((i + 1))
     curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
       -d "$body" >"$logs/$name-$i.json" &
+    curls+=($!)
   done <"$run/requests.jsonl"
-  wait
+  wait "${curls[@]}"
   : >"$logs/$name.ids"
   for j in $(seq 1 "$i"); do
     python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); print(v["choices"][0].get("token_ids"))' \
