@@ -1,10 +1,16 @@
-//! Token sampling: greedy, temperature, top-k, top-p, min-p, seeded.
+//! Token sampling: greedy, temperature, top-k, top-p, min-p, seeded; an
+//! OpenAI-style logit bias and presence / frequency penalties first.
 //!
 //! Defaults follow the reference engine: temperature 1, top_p 1,
 //! min_p 0.05, top_k off; temperature 0 means greedy (argmax).
 //! top-p and min-p are both measured on the untempered distribution, so
 //! the order in which they are applied does not matter; temperature
 //! reshapes only the survivors, as llama.cpp's default chain does.
+//! Bias and penalties change the logits before all of that, greedy
+//! included (OpenAI's formula: a token sampled `c` times so far loses
+//! `c * frequency + (c > 0) * presence`).
+
+use std::collections::HashMap;
 
 use ds4_kernels::cpu::sampling::{argmax, top_k};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -18,6 +24,12 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Fixed seed for reproducible sampling; `None` draws one.
     pub seed: Option<u64>,
+    /// Subtracted from the logit of every token sampled before.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was sampled.
+    pub frequency_penalty: f32,
+    /// Added to these tokens' logits (ids within the vocabulary).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -28,6 +40,9 @@ impl Default for SamplingParams {
             top_p: 1.0,
             min_p: 0.05,
             seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -42,6 +57,11 @@ impl SamplingParams {
 
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == 1
+    }
+
+    /// Whether the logits are changed before sampling.
+    fn adjusts(&self) -> bool {
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || !self.logit_bias.is_empty()
     }
 
     /// Reject values no sampler can honour, with a message for the client.
@@ -65,6 +85,10 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
+    /// Times each token was sampled (kept only under penalties).
+    counts: HashMap<u32, u32>,
+    /// The adjusted logits (reused).
+    scratch: Vec<f32>,
 }
 
 impl Sampler {
@@ -73,11 +97,44 @@ impl Sampler {
             Some(s) => StdRng::seed_from_u64(s),
             None => StdRng::from_os_rng(),
         };
-        Sampler { params, rng }
+        Sampler {
+            params,
+            rng,
+            counts: HashMap::new(),
+            scratch: Vec::new(),
+        }
     }
 
     /// Pick the next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if !self.params.adjusts() {
+            return self.pick(logits);
+        }
+        let mut adj = std::mem::take(&mut self.scratch);
+        adj.clear();
+        adj.extend_from_slice(logits);
+        let p = &self.params;
+        for &(id, b) in &p.logit_bias {
+            if let Some(l) = adj.get_mut(id as usize) {
+                *l += b;
+            }
+        }
+        for (&id, &c) in &self.counts {
+            if let Some(l) = adj.get_mut(id as usize) {
+                *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+            }
+        }
+        let counted = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        let token = self.pick(&adj);
+        self.scratch = adj;
+        if counted {
+            *self.counts.entry(token).or_default() += 1;
+        }
+        token
+    }
+
+    /// Sample from logits as they are.
+    fn pick(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         if p.is_greedy() {
             return argmax(logits).unwrap_or(0) as u32;
@@ -158,6 +215,31 @@ mod tests {
             counts[s.sample(logits) as usize] += 1;
         }
         counts
+    }
+
+    #[test]
+    fn bias_and_penalties_move_the_choice() {
+        let logits = [0.0, 3.0, 2.9, -1.0];
+        let mut biased = Sampler::new(SamplingParams {
+            logit_bias: vec![(3, 10.0), (99, 5.0)],
+            ..SamplingParams::greedy()
+        });
+        assert_eq!(biased.sample(&logits), 3);
+        // A presence penalty makes greedy decoding alternate between the
+        // two best tokens: each loses 1 once it was sampled.
+        let mut present = Sampler::new(SamplingParams {
+            presence_penalty: 1.0,
+            ..SamplingParams::greedy()
+        });
+        let seq: Vec<u32> = (0..4).map(|_| present.sample(&logits)).collect();
+        assert_eq!(seq, [1, 2, 1, 1]);
+        // A frequency penalty grows with every repeat: 3.0 - 0.5 c.
+        let mut frequent = Sampler::new(SamplingParams {
+            frequency_penalty: 0.5,
+            ..SamplingParams::greedy()
+        });
+        let seq: Vec<u32> = (0..4).map(|_| frequent.sample(&logits)).collect();
+        assert_eq!(seq, [1, 2, 1, 2]);
     }
 
     #[test]

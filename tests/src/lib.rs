@@ -184,6 +184,28 @@ impl Server {
         read_response(s)
     }
 
+    /// Write a JSON POST and return the open connection without reading
+    /// the answer (a client that may walk away: drop the stream).
+    pub fn send_json(&self, path: &str, v: &serde_json::Value) -> TcpStream {
+        let body = serde_json::to_vec(v).expect("json");
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .and_then(|_| s.write_all(&body))
+        .expect("send request");
+        s
+    }
+
+    /// `/v1/stats` as JSON (the engine's counters and gauges).
+    pub fn stats(&self) -> serde_json::Value {
+        self.request_with("GET", "/v1/stats", &[("accept", "application/json")], None)
+            .expect("stats")
+            .json()
+    }
+
     /// POST a JSON value.
     pub fn post_json(&self, path: &str, v: &serde_json::Value) -> Response {
         self.request("POST", path, Some(&serde_json::to_vec(v).expect("json")))

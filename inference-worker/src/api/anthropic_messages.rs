@@ -7,9 +7,10 @@ use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::convo::{self, FunctionDef, TextOr, ThinkingConfig, ToolShape};
+use super::fields::ToolName;
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{ApiError, AppState, Reply, SamplingFields, Surface};
 use crate::generate::FinishReason;
@@ -38,6 +39,16 @@ pub struct MessagesRequest {
     pub stream: bool,
     /// `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`.
     pub thinking: Option<ThinkingConfig>,
+    /// Read (so that a wrong type is refused); no effect here.
+    #[allow(dead_code)]
+    pub metadata: Option<WireMetadata>,
+}
+
+/// Anthropic's `metadata`: an end-user id.
+#[derive(Debug, Deserialize)]
+pub struct WireMetadata {
+    #[allow(dead_code)]
+    pub user_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -121,10 +132,11 @@ pub struct ResultBlock {
 
 #[derive(Debug, Deserialize)]
 pub struct WireTool {
-    pub name: String,
+    pub name: ToolName,
     pub description: Option<String>,
-    /// Absent for server tools (web search and the like), which are skipped.
-    pub input_schema: Option<Value>,
+    /// An object; absent for server tools (web search and the like),
+    /// which are skipped.
+    pub input_schema: Option<Map<String, Value>>,
 }
 
 #[derive(Debug, Deserialize)]

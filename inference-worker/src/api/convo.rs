@@ -14,8 +14,9 @@ use ds4_model::chat::{
 use serde::de::{self, value::SeqAccessDeserializer, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
+use super::fields::ToolName;
 use super::ApiError;
 
 impl From<ChatError> for ApiError {
@@ -49,13 +50,13 @@ const EMPTY_SCHEMA: &str = r#"{"type":"object","properties":{}}"#;
 /// the schema as `input_schema`).
 #[derive(Debug, Deserialize)]
 pub struct FunctionDef {
-    pub name: String,
+    pub name: ToolName,
     #[serde(default)]
     pub description: Option<String>,
-    /// The arguments' JSON Schema, passed through to the model; a
-    /// function without one takes no arguments.
+    /// The arguments' JSON Schema (an object), passed through to the
+    /// model; a function without one takes no arguments.
     #[serde(default)]
-    pub parameters: Option<Value>,
+    pub parameters: Option<Map<String, Value>>,
 }
 
 /// Where a surface's tool objects keep the function the model is shown.
@@ -88,14 +89,16 @@ pub fn tool_specs(tools: Vec<Option<FunctionDef>>, body: &[u8], shape: ToolShape
                 .unwrap_or_default();
             let raw = match shape {
                 ToolShape::Nested => fields.get("function").map(|f| f.get().to_string()),
-                ToolShape::Flat(key) => {
-                    function_json(&f.name, f.description.as_deref(), fields.get(key).copied())
-                }
+                ToolShape::Flat(key) => function_json(
+                    &f.name.0,
+                    f.description.as_deref(),
+                    fields.get(key).copied(),
+                ),
             };
             Some(ToolSpec {
-                name: f.name,
+                name: f.name.0,
                 description: f.description,
-                parameters: f.parameters.unwrap_or_else(empty_schema),
+                parameters: f.parameters.map_or_else(empty_schema, Value::Object),
                 raw,
             })
         })
@@ -182,9 +185,9 @@ pub struct ThinkingConfig {
 #[serde(rename_all = "lowercase")]
 enum ThinkingKind {
     Disabled,
-    /// `enabled`, `adaptive`, ...: thinking.
-    #[serde(other)]
     Enabled,
+    /// Anthropic's "the model decides how much": thinking.
+    Adaptive,
 }
 
 impl ThinkingConfig {
@@ -192,7 +195,7 @@ impl ThinkingConfig {
     pub fn mode(&self) -> Option<Thinking> {
         self.kind.as_ref().map(|k| match k {
             ThinkingKind::Disabled => Thinking::Off,
-            ThinkingKind::Enabled => Thinking::High,
+            ThinkingKind::Enabled | ThinkingKind::Adaptive => Thinking::High,
         })
     }
 }

@@ -14,6 +14,7 @@
 mod anthropic_messages;
 mod convo;
 mod error;
+mod fields;
 mod models;
 mod openai_chat;
 mod openai_completions;
@@ -250,6 +251,7 @@ impl SamplingFields {
             top_p: self.top_p.unwrap_or(d.top_p),
             min_p: self.min_p.unwrap_or(d.min_p),
             seed: self.seed,
+            ..d
         };
         p.validate().map_err(|m| {
             let param = ["temperature", "top_p", "min_p"]

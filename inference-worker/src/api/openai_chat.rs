@@ -8,6 +8,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::convo::{self, FunctionDef, TextOr, ThinkingConfig, ToolShape};
+use super::fields::{penalize, LogitBias, Metadata, Penalty};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{one_choice, stop_list, ApiError, AppState, Reply, SamplingFields, Stop, Surface};
 use crate::generate::{FinishReason, TokenLogprobs};
@@ -42,6 +43,19 @@ pub struct ChatRequest {
     pub reasoning_effort: Option<String>,
     /// `{"type": "enabled" | "disabled"}` (DeepSeek's API).
     pub thinking: Option<ThinkingConfig>,
+    pub presence_penalty: Option<Penalty>,
+    pub frequency_penalty: Option<Penalty>,
+    pub logit_bias: Option<LogitBias>,
+    // Documented fields that are read (so that a wrong type is refused)
+    // and have no effect here.
+    #[allow(dead_code)]
+    pub parallel_tool_calls: Option<bool>,
+    #[allow(dead_code)]
+    pub metadata: Option<Metadata>,
+    #[allow(dead_code)]
+    pub user: Option<String>,
+    #[allow(dead_code)]
+    pub store: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -237,7 +251,14 @@ impl Surface for ChatRequest {
                 ));
             }
         }
-        let sampling = self.sampling.params()?;
+        let mut sampling = self.sampling.params()?;
+        penalize(
+            &mut sampling,
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.logit_bias.take(),
+            state.chat.tokenizer.vocab_size(),
+        )?;
         let stop = stop_list(self.stop.take())?;
         let convo = conversation(&mut self, &body)?;
         let rendered = convo::render(&state.chat, convo, state.render_options()).await?;

@@ -7,6 +7,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::fields::{penalize, LogitBias, Penalty};
 use super::openai_chat::{usage, Usage};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::{one_choice, stop_list, ApiError, AppState, Reply, SamplingFields, Stop, Surface};
@@ -36,6 +37,12 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     #[serde(default)]
     pub return_token_ids: bool,
+    pub presence_penalty: Option<Penalty>,
+    pub frequency_penalty: Option<Penalty>,
+    pub logit_bias: Option<LogitBias>,
+    /// Read (so that a wrong type is refused); no effect here.
+    #[allow(dead_code)]
+    pub user: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,7 +83,14 @@ impl Surface for CompletionRequest {
                 "logprobs",
             ));
         }
-        let sampling = self.sampling.params()?;
+        let mut sampling = self.sampling.params()?;
+        penalize(
+            &mut sampling,
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.logit_bias.take(),
+            state.chat.tokenizer.vocab_size(),
+        )?;
         let stop = stop_list(self.stop.take())?;
         let p = state.chat.clone();
         let (text, tokens) = match self.prompt {

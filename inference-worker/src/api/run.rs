@@ -332,7 +332,8 @@ pub trait Shape: Send + 'static {
 const PING_EVERY: Duration = Duration::from_secs(5);
 
 /// Stream `run` as SSE in `shape`. The stream ends after the final event;
-/// when the client goes away the run is dropped, which cancels it.
+/// when the client goes away (noticed even while nothing is sent) the run
+/// is dropped, which cancels it.
 pub fn sse(
     state: Arc<AppState>,
     surface: &'static str,
@@ -360,7 +361,17 @@ pub fn sse(
                 return;
             }
             loop {
-                let step = match tokio::time::timeout(PING_EVERY, run.next()).await {
+                // A client that leaves while nothing is being sent (a long
+                // prefill) closes the channel: the run is dropped at once,
+                // and the engine drops the sequence at its next step.
+                let next = tokio::select! {
+                    _ = tx.closed() => {
+                        metrics.request(surface, "cancelled");
+                        return;
+                    }
+                    next = tokio::time::timeout(PING_EVERY, run.next()) => next,
+                };
+                let step = match next {
                     Ok(step) => step,
                     Err(_) => {
                         if let Some(p) = shape.ping() {

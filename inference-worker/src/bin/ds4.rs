@@ -210,6 +210,7 @@ fn run_with<B: Backend>(cli: &Cli, backend: B) -> anyhow::Result<()> {
         top_p: cli.top_p,
         min_p: cli.min_p,
         seed: cli.seed,
+        ..SamplingParams::default()
     };
     sampling.validate().map_err(anyhow::Error::msg)?;
     let prompt = match (&cli.prompt, &cli.prompt_file) {

@@ -103,7 +103,7 @@ struct Job {
 }
 
 enum Msg {
-    Job(Job),
+    Job(Box<Job>),
     /// Finish the admitted requests, checkpoint, stop.
     Shutdown,
 }
@@ -169,7 +169,7 @@ impl EngineHandle {
             submitted: Instant::now(),
             span: tracing::Span::current(),
         };
-        if self.tx.send(Msg::Job(job)).is_err() {
+        if self.tx.send(Msg::Job(Box::new(job))).is_err() {
             self.ledger.lock().expect("ledger").release(reserved);
             return Err(SubmitError::Stopped);
         }

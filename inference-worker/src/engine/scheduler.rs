@@ -131,7 +131,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     fn take(&mut self, msg: Msg) -> bool {
         match msg {
             Msg::Job(job) => {
-                self.waiting.push_back(job);
+                self.waiting.push_back(*job);
                 true
             }
             Msg::Shutdown => false,

@@ -20,6 +20,8 @@ pub enum ChatError {
     Empty,
     #[error("tool_choice names {0:?}, which is not among the tools")]
     UnknownTool(String),
+    #[error("tool_choice requires a tool call, but the request offers no function tools")]
+    NoTools,
     #[error("this model has no chat template; it takes raw prompts only (/v1/completions, or ds4 --raw)")]
     NoTemplate,
     #[error("the chat template refused the messages: {0}")]
@@ -35,7 +37,7 @@ impl ChatError {
     /// The request field a client should fix (`None`: the server's fault).
     pub fn param(&self) -> Option<&'static str> {
         match self {
-            ChatError::UnknownTool(_) => Some("tool_choice"),
+            ChatError::UnknownTool(_) | ChatError::NoTools => Some("tool_choice"),
             ChatError::Tokenizer(_) => None,
             _ => Some("messages"),
         }
@@ -125,10 +127,12 @@ impl Chat {
         if c.turns.is_empty() {
             return Err(ChatError::Empty);
         }
-        if let ToolChoice::Named(n) = &c.choice {
-            if !c.tools.iter().any(|t| &t.name == n) {
+        match &c.choice {
+            ToolChoice::Named(n) if !c.tools.iter().any(|t| &t.name == n) => {
                 return Err(ChatError::UnknownTool(n.clone()));
             }
+            ToolChoice::Required if c.tools.is_empty() => return Err(ChatError::NoTools),
+            _ => {}
         }
         let p = self.protocol.render(c, opts)?;
         let tokens = self.tokenizer.encode_with(&p.text, true, p.add_bos)?;

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::convo::{self, FunctionDef, TextOr, ToolShape};
+use super::fields::Metadata;
 use super::openai_chat::WireToolChoice;
 use super::run::{self, Job};
 use super::{ApiError, AppState, Reply, SamplingFields, Surface};
@@ -42,7 +43,13 @@ pub struct ResponsesRequest {
     pub previous_response_id: Option<String>,
     pub text: Option<TextConfig>,
     /// Echoed back unread.
-    pub metadata: Option<Value>,
+    pub metadata: Option<Metadata>,
+    // Documented fields that are read (so that a wrong type is refused)
+    // and have no effect here.
+    #[allow(dead_code)]
+    pub parallel_tool_calls: Option<bool>,
+    #[allow(dead_code)]
+    pub user: Option<String>,
 }
 
 /// An input item. A message may leave out its `type`.
@@ -319,9 +326,7 @@ impl Surface for ResponsesRequest {
             top_p: sampling.top_p,
             max_output_tokens: self.max_output_tokens,
             reasoning: self.reasoning.unwrap_or_default(),
-            metadata: self
-                .metadata
-                .unwrap_or_else(|| Value::Object(Default::default())),
+            metadata: Value::Object(self.metadata.unwrap_or_default().0),
         };
         if self.stream {
             let shape = ResponsesStream::new(meta);
