@@ -35,6 +35,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         max_tokens,
         sampling: SamplingParams::greedy(),
         stop: Vec::new(),
+        constraint: None,
         ignore_eos: true,
     }
 }

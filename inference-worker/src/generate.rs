@@ -9,6 +9,7 @@ use ds4_kernels::Backend;
 use ds4_model::tokenizer::{StreamDecoder, Tokenizer};
 use ds4_model::{Logits, ModelError, Sequence};
 
+use crate::grammar::Constraint;
 use crate::runtime::LoadedModel;
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stop::{StopEvent, StopMatcher};
@@ -24,6 +25,8 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep generating through the model's stop tokens (benchmarks).
     pub ignore_eos: bool,
+    /// A grammar the answer must match (structured output).
+    pub constraint: Option<Constraint>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +37,9 @@ pub enum FinishReason {
     Length,
     /// The caller asked to stop (client gone).
     Cancelled,
+    /// The grammar could not go on (its error is logged); the text so far
+    /// is what matched it.
+    GrammarError,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -210,6 +216,9 @@ pub enum Next {
 /// text. The engine keeps one per live sequence.
 pub struct Decoding<'t> {
     sampler: Sampler,
+    constraint: Option<Constraint>,
+    /// The logits with the grammar's mask applied (reused).
+    masked: Vec<f32>,
     stops: StopMatcher,
     decoder: StreamDecoder<'t>,
     stop_tokens: &'t [u32],
@@ -222,6 +231,8 @@ impl<'t> Decoding<'t> {
     pub fn new(tokenizer: &'t Tokenizer, req: &GenerateRequest, opts: StreamOptions) -> Self {
         Decoding {
             sampler: Sampler::new(req.sampling.clone()),
+            constraint: req.constraint.clone(),
+            masked: Vec::new(),
             stops: StopMatcher::new(req.stop.clone()),
             decoder: StreamDecoder::new(tokenizer),
             stop_tokens: if req.ignore_eos {
@@ -256,10 +267,30 @@ impl<'t> Decoding<'t> {
         on_step: &mut dyn FnMut(&TokenStep<'_>) -> ControlFlow<()>,
     ) -> Next {
         let out = &mut self.out;
-        let token = self.sampler.sample(logits);
+        let token = match &mut self.constraint {
+            None => self.sampler.sample(logits),
+            Some(c) => match c.allowed() {
+                Ok(allowed) => {
+                    Constraint::mask_into(&allowed, logits, &mut self.masked);
+                    self.sampler.sample(&self.masked)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the grammar cannot go on; the answer ends here");
+                    out.finish = FinishReason::GrammarError;
+                    return Next::Finished;
+                }
+            },
+        };
         if self.stop_tokens.contains(&token) {
             out.finish = FinishReason::Stop;
             return Next::Finished;
+        }
+        if let Some(c) = &mut self.constraint {
+            if let Err(e) = c.commit(token) {
+                tracing::warn!(error = %e, token, "the grammar refused a sampled token");
+                out.finish = FinishReason::GrammarError;
+                return Next::Finished;
+            }
         }
         out.tokens.push(token);
         let lp = self.logprobs.map(|k| token_logprobs(logits, token, k));
@@ -288,6 +319,15 @@ impl<'t> Decoding<'t> {
                 out.finish = FinishReason::Stop;
                 return Next::Finished;
             }
+        }
+        if self
+            .constraint
+            .as_ref()
+            .is_some_and(Constraint::is_complete)
+        {
+            // Nothing but a stop token could follow.
+            out.finish = FinishReason::Stop;
+            return Next::Finished;
         }
         if out.tokens.len() >= self.max_tokens || !room {
             out.finish = FinishReason::Length;

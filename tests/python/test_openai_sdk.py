@@ -167,7 +167,11 @@ def test_errors_use_the_openai_envelope(client, server):
         client.chat.completions.create(model="", messages=MSGS, n=2)
     check_error(e, 400, "n = 1")
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="", messages=MSGS, response_format={"type": "json_object"})
+        client.chat.completions.create(
+            model="",
+            messages=MSGS,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+        )
     check_error(e, 400, "response_format")
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="", messages=[{"role": "wizard", "content": "x"}])

@@ -78,6 +78,40 @@ fn concurrent_greedy_requests_equal_each_alone() {
 }
 
 #[test]
+fn a_burst_of_requests_is_never_refused_while_the_queue_has_room() {
+    // 16 clients, 16 short requests each: far below the queue's depth, so
+    // none may be refused as busy (a queue count updated after the engine
+    // had already taken the request once wrapped below zero and refused
+    // everything for a moment).
+    let server = Server::start(&[]);
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..16)
+            .map(|c| {
+                let server = &server;
+                s.spawn(move || {
+                    (0..16)
+                        .map(|i| {
+                            server
+                                .post_json(
+                                    "/v1/completions",
+                                    &json!({"prompt": format!("{c} {i}"), "max_tokens": 1}),
+                                )
+                                .status
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    assert_eq!(statuses.len(), 256);
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+}
+
+#[test]
 fn a_shared_prefix_is_served_from_the_cache_on_every_surface() {
     let server = Server::start(&[]);
     let base = long_prompt("alpha", 90);

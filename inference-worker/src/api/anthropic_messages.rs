@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 use super::convo::{self, FunctionDef, TextOr, ThinkingConfig, ToolShape};
 use super::fields::ToolName;
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
+use super::structured::{self, OutputFormat};
 use super::{ApiError, AppState, Reply, SamplingFields, Surface};
 use crate::generate::FinishReason;
 use ds4_model::chat::{new_call_id, Conversation, Rendered, Role, ToolCall, ToolChoice, Turn};
@@ -42,6 +43,16 @@ pub struct MessagesRequest {
     /// Read (so that a wrong type is refused); no effect here.
     #[allow(dead_code)]
     pub metadata: Option<WireMetadata>,
+    /// Structured output (`format`) and the thinking tier (`effort`).
+    pub output_config: Option<OutputConfig>,
+}
+
+/// `output_config`.
+#[derive(Debug, Deserialize)]
+pub struct OutputConfig {
+    pub format: Option<OutputFormat>,
+    /// `low` … `max`: the thinking tier, as `reasoning_effort` names it.
+    pub effort: Option<String>,
 }
 
 /// Anthropic's `metadata`: an end-user id.
@@ -186,7 +197,7 @@ fn result_text(content: &Option<ToolResultContent>) -> String {
 
 /// The request as a conversation; `body` is the request's bytes (its
 /// tools as the client wrote them).
-fn conversation(req: &MessagesRequest, body: &[u8]) -> Conversation {
+fn conversation(req: &MessagesRequest, body: &[u8]) -> Result<Conversation, ApiError> {
     let mut c = Conversation::default();
     if let Some(s) = &req.system {
         let s = system_text(s);
@@ -238,8 +249,14 @@ fn conversation(req: &MessagesRequest, body: &[u8]) -> Conversation {
         .tool_choice
         .as_ref()
         .map_or(ToolChoice::Auto, ToolChoice::from);
-    c.thinking = req.thinking.as_ref().and_then(ThinkingConfig::mode);
-    c
+    // `output_config.effort` (the current SDK's) names the tier like
+    // `reasoning_effort`; else `thinking` turns it on or off.
+    let effort = req.output_config.as_ref().and_then(|o| o.effort.as_deref());
+    c.thinking = match effort {
+        Some(e) => Some(convo::effort(e, "output_config.effort")?),
+        None => req.thinking.as_ref().and_then(ThinkingConfig::mode),
+    };
+    Ok(c)
 }
 
 async fn render(
@@ -247,7 +264,7 @@ async fn render(
     req: &MessagesRequest,
     body: &[u8],
 ) -> Result<Rendered, ApiError> {
-    let convo = conversation(req, body);
+    let convo = conversation(req, body)?;
     convo::render(&state.chat, convo, state.render_options()).await
 }
 
@@ -291,7 +308,7 @@ impl Surface for MessagesRequest {
     }
 
     /// `POST /v1/messages`.
-    async fn answer(self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
+    async fn answer(mut self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
         let max_tokens = self
             .max_tokens
             .ok_or_else(|| ApiError::bad("max_tokens: field required", "max_tokens"))?;
@@ -304,6 +321,12 @@ impl Surface for MessagesRequest {
         }
         let rendered = render(&state, &self, &body).await?;
         let prompt_tokens = rendered.tokens.len();
+        let spec = self
+            .output_config
+            .as_mut()
+            .and_then(|o| o.format.take())
+            .map(|f| (f.spec(), "output_config.format"));
+        let constraint = structured::compile(&state, spec, &rendered.answer).await?;
         let job = Job {
             prompt: rendered.tokens,
             max_tokens: Some(max_tokens),
@@ -312,6 +335,7 @@ impl Surface for MessagesRequest {
             logprobs: None,
             answer: rendered.answer,
             id_prefix: "toolu_",
+            constraint,
         };
         let run = run::start(&state, job)?;
         let id = new_call_id("msg_");
@@ -765,7 +789,7 @@ mod tests {
         };
         let prompt = |b: &str| {
             let req: MessagesRequest = serde_json::from_str(b).unwrap();
-            let c = conversation(&req, b.as_bytes());
+            let c = conversation(&req, b.as_bytes()).unwrap();
             (c.thinking, api_prompt(&c, &Default::default()))
         };
         let (thinking, p) = prompt(&body(r#"{"type":"enabled","budget_tokens":1024}"#));
@@ -845,7 +869,7 @@ mod tests {
     fn tools_results_and_choices_read_from_the_wire() {
         let body = r#"{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f"},{"type":"tool_use","id":"b","name":"f","input":{"x":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":[{"type":"text","text":"one"},{"type":"image","source":{}},{"type":"text","text":"two"}]},{"type":"tool_result","tool_use_id":"b","content":{"ok":true}},{"type":"redacted_thinking","data":"x"}]}],"tools":[{"type":"web_search_20250305","name":"web_search"},{"name":"f","input_schema":{ "type": "object" }}],"tool_choice":{"type":"any","disable_parallel_tool_use":true},"thinking":{"type":"disabled"}}"#;
         let req: MessagesRequest = serde_json::from_str(body).unwrap();
-        let c = conversation(&req, body.as_bytes());
+        let c = conversation(&req, body.as_bytes()).unwrap();
         let calls = &c.turns[0].calls;
         assert_eq!(calls[0].arguments, "{}");
         assert_eq!(calls[1].arguments, r#"{"x":1}"#);

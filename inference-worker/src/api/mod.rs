@@ -21,6 +21,7 @@ mod openai_completions;
 mod openai_responses;
 mod run;
 mod stats;
+mod structured;
 mod trace;
 
 use std::future::Future;
@@ -45,6 +46,7 @@ use openai_completions::CompletionRequest;
 use openai_responses::ResponsesRequest;
 
 use crate::engine::EngineHandle;
+use crate::grammar::Grammars;
 use crate::sampler::SamplingParams;
 use ds4_model::chat::{Chat, RenderOptions, ReplayStore};
 pub use error::ApiError;
@@ -96,6 +98,9 @@ pub struct AppState {
     owner_alive: Option<Arc<AtomicBool>>,
     /// Sampled tool-call bytes by call id, for exact replay of history.
     pub replay: Arc<ReplayStore>,
+    /// Structured output's grammar compiler (`None`: the vocabulary could
+    /// not be read as a token trie; such requests get a 400).
+    pub grammars: Option<Arc<Grammars>>,
 }
 
 impl AppState {
@@ -106,7 +111,15 @@ impl AppState {
         ctx: usize,
         opts: ServerOptions,
     ) -> AppState {
+        let grammars = match Grammars::new(chat.tokenizer.clone()) {
+            Ok(g) => Some(Arc::new(g)),
+            Err(e) => {
+                tracing::warn!(error = %e, "structured output is unavailable for this vocabulary");
+                None
+            }
+        };
         AppState {
+            grammars,
             engine,
             chat,
             model_id,

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::convo::{self, FunctionDef, TextOr, ThinkingConfig, ToolShape};
 use super::fields::{penalize, LogitBias, Metadata, Penalty};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
+use super::structured::{self, ResponseFormat, WireGrammar};
 use super::{one_choice, stop_list, ApiError, AppState, Reply, SamplingFields, Stop, Surface};
 use crate::generate::{FinishReason, TokenLogprobs};
 use ds4_model::chat::{
@@ -32,6 +33,9 @@ pub struct ChatRequest {
     pub tools: Option<Vec<WireTool>>,
     pub tool_choice: Option<WireToolChoice>,
     pub response_format: Option<ResponseFormat>,
+    /// A Lark grammar or regular expression the answer must match (an
+    /// extension, as llama-server and vLLM have).
+    pub grammar: Option<WireGrammar>,
     pub n: Option<u32>,
     #[serde(default)]
     pub logprobs: bool,
@@ -62,12 +66,6 @@ pub struct ChatRequest {
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct ResponseFormat {
-    #[serde(rename = "type")]
-    pub kind: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -243,14 +241,13 @@ impl Surface for ChatRequest {
     /// `POST /v1/chat/completions`.
     async fn answer(mut self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
         one_choice(self.n, "n")?;
-        if let Some(f) = &self.response_format {
-            if f.kind != "text" {
-                return Err(ApiError::bad(
-                    format!("response_format {:?} is not supported yet (structured output is not implemented); use \"text\"", f.kind),
-                    "response_format",
-                ));
-            }
-        }
+        let spec = structured::one_spec([
+            (
+                self.response_format.take().and_then(ResponseFormat::spec),
+                "response_format",
+            ),
+            (self.grammar.take().map(WireGrammar::spec), "grammar"),
+        ])?;
         let mut sampling = self.sampling.params()?;
         penalize(
             &mut sampling,
@@ -266,6 +263,7 @@ impl Surface for ChatRequest {
             .logprobs
             .then(|| self.top_logprobs.unwrap_or(0).min(20) as usize);
         let prompt_ids = self.return_token_ids.then(|| rendered.tokens.clone());
+        let constraint = structured::compile(&state, spec, &rendered.answer).await?;
         let job = Job {
             prompt: rendered.tokens,
             max_tokens: self.max_completion_tokens.or(self.max_tokens),
@@ -274,6 +272,7 @@ impl Surface for ChatRequest {
             logprobs,
             answer: rendered.answer,
             id_prefix: "call_",
+            constraint,
         };
         let run = run::start(&state, job)?;
         let id = new_call_id("chatcmpl-");
@@ -352,6 +351,8 @@ fn finish_reason(f: &Finish) -> &'static str {
     match f.reason {
         FinishReason::Stop | FinishReason::Cancelled => "stop",
         FinishReason::Length => "length",
+        // The answer's grammar could not go on (logged).
+        FinishReason::GrammarError => "error",
     }
 }
 

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::fields::{penalize, LogitBias, Penalty};
 use super::openai_chat::{usage, Usage};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
+use super::structured::{self, WireGrammar};
 use super::{one_choice, stop_list, ApiError, AppState, Reply, SamplingFields, Stop, Surface};
 use crate::generate::{FinishReason, TokenLogprobs};
 use ds4_model::chat::{new_call_id, AnswerFormat, Chat};
@@ -37,6 +38,9 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     #[serde(default)]
     pub return_token_ids: bool,
+    /// A Lark grammar or regular expression the completion must match
+    /// (an extension, as llama-server and vLLM have).
+    pub grammar: Option<WireGrammar>,
     pub presence_penalty: Option<Penalty>,
     pub frequency_penalty: Option<Penalty>,
     pub logit_bias: Option<LogitBias>,
@@ -107,6 +111,8 @@ impl Surface for CompletionRequest {
         };
         let prompt_ids = self.return_token_ids.then(|| tokens.clone());
         let logprobs = self.logprobs.map(|n| n.min(20) as usize);
+        let spec = self.grammar.take().map(|g| (g.spec(), "grammar"));
+        let constraint = structured::compile(&state, spec, &AnswerFormat::default()).await?;
         let job = Job {
             prompt: tokens,
             max_tokens: Some(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
@@ -117,6 +123,7 @@ impl Surface for CompletionRequest {
             // delimiters and tool syntax included.
             answer: AnswerFormat::default(),
             id_prefix: "call_",
+            constraint,
         };
         let run = run::start(&state, job)?;
         let id = new_call_id("cmpl-");
@@ -195,6 +202,8 @@ fn finish_reason(f: &Finish) -> &'static str {
     match f.reason {
         FinishReason::Stop | FinishReason::Cancelled => "stop",
         FinishReason::Length => "length",
+        // The answer's grammar could not go on (logged).
+        FinishReason::GrammarError => "error",
     }
 }
 

@@ -16,6 +16,7 @@ use tracing::Instrument;
 use super::{ApiError, AppState};
 use crate::engine::Event;
 use crate::generate::{FinishReason, GenerateRequest, StreamOptions, Timings, TokenLogprobs};
+use crate::grammar::Constraint;
 use crate::sampler::SamplingParams;
 use ds4_model::chat::{AnswerEvent, AnswerFormat, AnswerParser, ToolCall};
 
@@ -32,6 +33,8 @@ pub struct Job {
     pub answer: AnswerFormat,
     /// Generated tool-call ids start with this (`call_`, `toolu_`).
     pub id_prefix: &'static str,
+    /// The grammar the answer must match, if any.
+    pub constraint: Option<Constraint>,
 }
 
 /// What a run produces, in order.
@@ -152,6 +155,7 @@ pub fn start(state: &AppState, job: Job) -> Result<Run, ApiError> {
         sampling: job.sampling,
         stop: job.stop,
         ignore_eos: false,
+        constraint: job.constraint,
     };
     let rx = state.engine.submit(
         req,

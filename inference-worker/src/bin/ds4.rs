@@ -282,6 +282,7 @@ fn one_shot<B: Backend>(
         sampling,
         stop: Vec::new(),
         ignore_eos: false,
+        constraint: None,
     };
     let (g, _) = run(lm, &mut seq, &req, answer)?;
     println!();
@@ -393,6 +394,7 @@ fn chat<B: Backend>(
             sampling: sampling.clone(),
             stop: Vec::new(),
             ignore_eos: false,
+            constraint: None,
         };
         match run(lm, &mut seq, &req, rendered.answer) {
             Ok((g, (reasoning, text))) => {

@@ -169,11 +169,15 @@ impl EngineHandle {
             submitted: Instant::now(),
             span: tracing::Span::current(),
         };
+        // Counted before the engine can see it: the engine's decrement
+        // when it admits the job must never come first (the count would
+        // wrap and every request be refused as busy meanwhile).
+        self.waiting.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(Msg::Job(Box::new(job))).is_err() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
             self.ledger.lock().expect("ledger").release(reserved);
             return Err(SubmitError::Stopped);
         }
-        self.waiting.fetch_add(1, Ordering::Relaxed);
         Ok(rx)
     }
 

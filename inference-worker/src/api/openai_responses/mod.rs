@@ -19,6 +19,7 @@ use super::convo::{self, FunctionDef, TextOr, ToolShape};
 use super::fields::Metadata;
 use super::openai_chat::WireToolChoice;
 use super::run::{self, Job};
+use super::structured::{self, TextFormat};
 use super::{ApiError, AppState, Reply, SamplingFields, Surface};
 use ds4_model::chat::{new_call_id, Conversation, Role, ToolCall, ToolChoice, Turn};
 use output::{output_items, Meta, ResponsesStream};
@@ -171,13 +172,6 @@ pub struct TextConfig {
     pub format: Option<TextFormat>,
 }
 
-#[derive(Debug, Deserialize)]
-pub struct TextFormat {
-    /// `text` when absent.
-    #[serde(rename = "type")]
-    pub kind: Option<String>,
-}
-
 /// The text of a message's content or a call's output.
 fn text_of(content: Option<TextOr<Part>>) -> String {
     match content {
@@ -288,19 +282,17 @@ impl Surface for ResponsesRequest {
                 "previous_response_id",
             ));
         }
-        if let Some(f) = self.text.as_ref().and_then(|t| t.format.as_ref()) {
-            let kind = f.kind.as_deref().unwrap_or("text");
-            if kind != "text" {
-                return Err(ApiError::bad(
-                    format!("text.format {kind:?} is not supported yet (structured output is not implemented); use \"text\""),
-                    "text.format",
-                ));
-            }
-        }
+        let spec = self
+            .text
+            .take()
+            .and_then(|t| t.format)
+            .and_then(TextFormat::spec)
+            .map(|s| (s, "text.format"));
         let sampling = self.sampling.params()?;
         let tool_choice = choice(&self);
         let convo = conversation(&mut self, &body)?;
         let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
+        let constraint = structured::compile(&state, spec, &rendered.answer).await?;
         let job = Job {
             prompt: rendered.tokens,
             max_tokens: self.max_output_tokens,
@@ -309,6 +301,7 @@ impl Surface for ResponsesRequest {
             logprobs: None,
             answer: rendered.answer,
             id_prefix: "call_",
+            constraint,
         };
         let run = run::start(&state, job)?;
         let meta = Meta {

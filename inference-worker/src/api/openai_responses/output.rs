@@ -73,7 +73,7 @@ impl Meta {
     }
 
     pub(super) fn response(&self, f: &Finish, output: Vec<Item>) -> ResponseObject<'_> {
-        let incomplete = f.reason == FinishReason::Length;
+        let incomplete = f.reason != FinishReason::Stop && f.reason != FinishReason::Cancelled;
         let mut r = self.object(
             if incomplete {
                 "incomplete"
@@ -83,7 +83,12 @@ impl Meta {
             output,
         );
         r.incomplete_details = incomplete.then_some(IncompleteDetails {
-            reason: "max_output_tokens",
+            reason: if f.reason == FinishReason::Length {
+                "max_output_tokens"
+            } else {
+                // The answer's grammar could not go on (logged).
+                "grammar_error"
+            },
         });
         r.usage = Some(Usage {
             input_tokens: f.prompt_tokens(),
@@ -627,7 +632,7 @@ impl Shape for ResponsesStream {
         }
         self.close(&mut out);
         let output = std::mem::take(&mut self.output);
-        let kind = if f.reason == FinishReason::Length {
+        let kind = if matches!(f.reason, FinishReason::Length | FinishReason::GrammarError) {
             "response.incomplete"
         } else {
             "response.completed"
