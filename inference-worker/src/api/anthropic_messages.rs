@@ -148,6 +148,8 @@ pub struct WireTool {
     /// An object; absent for server tools (web search and the like),
     /// which are skipped.
     pub input_schema: Option<Map<String, Value>>,
+    /// The input must match `input_schema`: enforced while decoding.
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -242,6 +244,7 @@ fn conversation(req: &MessagesRequest, body: &[u8]) -> Result<Conversation, ApiE
             name: t.name.clone(),
             description: t.description.clone(),
             parameters: Some(schema.clone()),
+            strict: t.strict,
         })
     });
     c.tools = convo::tool_specs(functions.collect(), body, ToolShape::Flat("input_schema"));

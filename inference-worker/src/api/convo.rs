@@ -57,6 +57,9 @@ pub struct FunctionDef {
     /// model; a function without one takes no arguments.
     #[serde(default)]
     pub parameters: Option<Map<String, Value>>,
+    /// The arguments must match `parameters`: enforced while decoding.
+    #[serde(default)]
+    pub strict: Option<bool>,
 }
 
 /// Where a surface's tool objects keep the function the model is shown.
@@ -99,6 +102,7 @@ pub fn tool_specs(tools: Vec<Option<FunctionDef>>, body: &[u8], shape: ToolShape
                 name: f.name.0,
                 description: f.description,
                 parameters: f.parameters.map_or_else(empty_schema, Value::Object),
+                strict: f.strict == Some(true),
                 raw,
             })
         })
@@ -317,6 +321,7 @@ mod tests {
             description: Some("Get current weather for a city".into()),
             parameters: serde_json::from_str(PARAMETERS).unwrap(),
             raw: raw.map(str::to_string),
+            strict: false,
         });
         c
     }

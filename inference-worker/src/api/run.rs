@@ -449,7 +449,15 @@ pub(crate) mod testing {
             },
         }))
         .unwrap();
-        Run::new(rx, AnswerFormat { reasoning, tools }, "call_")
+        Run::new(
+            rx,
+            AnswerFormat {
+                reasoning,
+                tools,
+                calls: None,
+            },
+            "call_",
+        )
     }
 
     /// Text, then a call envelope split at awkward places.

@@ -144,15 +144,27 @@ pub fn one_spec(
     Ok(found)
 }
 
-/// Compile `spec` (from the request field `param`) for an answer read as
-/// `answer` says (its reasoning stays free), off the async threads.
+/// The constraint of an answer read as `answer` says: its calls held to
+/// their syntax and strict schemas when the prompt's rendering asks for it
+/// (a forced call, strict tools), its content to `spec` (from the request
+/// field `param`); its reasoning stays free. Compiled off the async
+/// threads.
 pub async fn compile(
     state: &Arc<AppState>,
     spec: Option<(Spec, &'static str)>,
     answer: &AnswerFormat,
 ) -> Result<Option<Constraint>, ApiError> {
-    let Some((spec, param)) = spec else {
-        return Ok(None);
+    let (spec, content, param) = match (&answer.calls, spec) {
+        (None, None) => return Ok(None),
+        (None, Some((spec, param))) => (spec, None, param),
+        // A forced call: the answer is calls, whatever the content format.
+        (Some(calls), _) if calls.forced() => (Spec::Lark(calls.lark(None)), None, "tools"),
+        (Some(calls), None) => (Spec::Lark(calls.lark(None)), None, "tools"),
+        (Some(calls), Some((content, param))) => (
+            Spec::Lark(calls.lark(Some("@content"))),
+            Some(content),
+            param,
+        ),
     };
     let Some(grammars) = state.grammars.clone() else {
         return Err(ApiError::bad(
@@ -161,9 +173,11 @@ pub async fn compile(
         ));
     };
     let reasoning = answer.reasoning;
-    let compiled = tokio::task::spawn_blocking(move || grammars.compile(&spec, reasoning.as_ref()))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let compiled = tokio::task::spawn_blocking(move || {
+        grammars.compile(&spec, content.as_ref(), reasoning.as_ref())
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?;
     compiled
         .map(Some)
         .map_err(|e| ApiError::bad(format!("{param} cannot be enforced: {e}"), param))

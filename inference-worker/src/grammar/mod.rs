@@ -85,20 +85,22 @@ impl Grammars {
     /// The constraint for an answer matching `spec`. With `reasoning`
     /// (a family that thinks), the reasoning before the closing delimiter
     /// is free and the grammar applies to what follows it.
+    /// `content` is a grammar `spec` may name as `@content`.
     pub fn compile(
         &self,
         spec: &Spec,
+        content: Option<&Spec>,
         reasoning: Option<&Delimiters>,
     ) -> Result<Constraint, GrammarError> {
-        let grammar = match reasoning {
-            None => TopLevelGrammar::from_grammar(spec.grammar("answer")),
-            Some(d) => {
-                let top = reasoning_then_answer(d);
-                TopLevelGrammar {
-                    grammars: vec![GrammarWithLexer::from_lark(top), spec.grammar("answer")],
-                    max_tokens: None,
-                }
-            }
+        let mut grammars = Vec::new();
+        if let Some(d) = reasoning {
+            grammars.push(GrammarWithLexer::from_lark(reasoning_then_answer(d)));
+        }
+        grammars.push(spec.grammar("answer"));
+        grammars.extend(content.map(|c| c.grammar("content")));
+        let grammar = TopLevelGrammar {
+            grammars,
+            max_tokens: None,
         };
         let parser = self
             .factory

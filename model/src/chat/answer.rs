@@ -181,6 +181,7 @@ mod tests {
                     protocol: ToolProtocol::Dsml,
                     replay: Some(replay.clone()),
                 }),
+                calls: None,
             },
             "call_",
         );
@@ -225,6 +226,7 @@ mod tests {
                     protocol: ToolProtocol::Envelope,
                     replay: None,
                 }),
+                calls: None,
             },
             "call_",
         );

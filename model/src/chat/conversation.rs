@@ -28,6 +28,9 @@ pub struct ToolSpec {
     /// protocols that show the model the schema unchanged (DSML).
     #[serde(skip)]
     pub raw: Option<String>,
+    /// The arguments must match `parameters` (enforced while decoding).
+    #[serde(skip)]
+    pub strict: bool,
 }
 
 impl ToolSpec {
@@ -213,6 +216,7 @@ mod tests {
             description: None,
             parameters: Value::Null,
             raw: None,
+            strict: false,
         };
         let mut c = Conversation {
             tools: vec![tool("a"), tool("b")],

@@ -8,6 +8,7 @@
 //! system area, the client's raw schema bytes, results concatenated),
 //! which keeps history byte-identical with what the model sampled.
 
+use super::call_grammar::CallGrammar;
 use super::conversation::{Conversation, Role, Thinking};
 use super::dsml::{DsmlError, ReplayMap, ToolCall};
 use super::protocol::{
@@ -256,6 +257,7 @@ impl ChatProtocol for Ds4Chat {
             answer: AnswerFormat {
                 reasoning: Some(reasoning),
                 tools,
+                calls: CallGrammar::new(ToolProtocol::Dsml, c.offered(), &c.choice),
             },
         })
     }

@@ -86,6 +86,7 @@ mod tests {
             description: Some("Weather of a city".into()),
             parameters: serde_json::json!({"type": "object"}),
             raw: None,
+            strict: false,
         };
         let s = system_prompt(&[t], &ToolChoice::Named("get_weather".into()));
         assert!(s.contains("\"name\":\"get_weather\""));

@@ -13,9 +13,11 @@
 //! - reading answers: [`answer`] (one streaming reader) over [`reasoning`]
 //!   (delimiters), [`tool_stream`] (either tool syntax, parsed by
 //!   [`envelope_parser`] or [`dsml`]) and [`replay`] (sampled call bytes
-//!   kept for exact replay of history).
+//!   kept for exact replay of history);
+//! - holding calls to their syntax and schemas: [`call_grammar`].
 
 pub mod answer;
+pub mod call_grammar;
 mod chat_template;
 pub mod conversation;
 pub mod deepseek4;
@@ -30,6 +32,7 @@ pub mod templated;
 pub mod tool_stream;
 
 pub use answer::{AnswerEvent, AnswerParser};
+pub use call_grammar::CallGrammar;
 pub use chat_template::{ChatMessage, ChatTemplate, RenderInput, CHAT_TEMPLATE_KEY};
 pub use conversation::{
     new_call_id, Conversation, Role, Thinking, ToolCall, ToolChoice, ToolSpec, Turn,

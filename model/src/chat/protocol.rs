@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use super::call_grammar::CallGrammar;
 use super::conversation::{Conversation, ToolChoice};
 use super::dsml::DsmlError;
 use super::reasoning::Delimiters;
@@ -74,6 +75,9 @@ pub struct AnswerFormat {
     pub reasoning: Option<Delimiters>,
     /// Parse the answer for tool calls, when tools are offered.
     pub tools: Option<ToolParsing>,
+    /// The calls' grammar, when they must hold (a forced call, strict
+    /// tools).
+    pub calls: Option<CallGrammar>,
 }
 
 /// A family's rendering of a conversation.

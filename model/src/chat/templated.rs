@@ -5,6 +5,7 @@
 
 use serde_json::{json, Value};
 
+use super::call_grammar::CallGrammar;
 use super::chat_template::{ChatTemplate, RenderInput};
 use super::conversation::{Conversation, Role};
 use super::envelope;
@@ -107,6 +108,11 @@ impl ChatProtocol for TemplateChat {
                     protocol: ToolProtocol::Envelope,
                     replay: None,
                 }),
+                calls: if tools {
+                    CallGrammar::new(ToolProtocol::Envelope, c.offered(), &c.choice)
+                } else {
+                    None
+                },
             },
         })
     }
