@@ -175,11 +175,7 @@ mod tests {
             "Bearer nope-nope-nope-nope".parse().unwrap(),
         );
         assert!(t.check(&md).unwrap_err().message().contains("wrong token"));
-        let mut req = Request::new(());
-        BearerAuth::new(Some(&t))
-            .call(req)
-            .map(|r| req = r)
-            .unwrap();
+        let req = BearerAuth::new(Some(&t)).call(Request::new(())).unwrap();
         assert!(t.check(req.metadata()).is_ok());
         let req = BearerAuth::new(None).call(Request::new(())).unwrap();
         assert!(req.metadata().get("authorization").is_none());
