@@ -6,9 +6,8 @@
 //! the owner's token when it asks for one), receive the region fds from
 //! the broker, import them (`host`: read-only mappings of sealed memfds;
 //! `vmm`: CUDA VMM import mapped read-only) and bind tensors to that
-//! memory without copying. A task keeps the lease
-//! alive; if the owner dies the imported memory stays valid and the worker
-//! keeps serving.
+//! memory without copying. A task keeps the lease alive; if the owner
+//! dies the imported memory stays valid and the worker keeps serving.
 //!
 //! Without one ([`standalone`]): the same region plan as the owner, filled
 //! from the file in this process, so the bound bytes are identical.
