@@ -1,4 +1,5 @@
-//! Pieces shared by the binaries: common flags, logging, thread pool.
+//! Pieces shared by the binaries: common flags, logging, thread pool, the
+//! one-line form of a start-up error.
 
 use std::path::PathBuf;
 
@@ -175,6 +176,23 @@ impl ModelArgs {
                 .build_global();
         }
     }
+}
+
+/// An error and its causes on one line, each cause only if the messages
+/// before it do not already say it (typed errors include their source in
+/// their own message; context added with anyhow does not).
+pub fn error_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line.replace('\n', "; ")
 }
 
 /// Log to stderr; `RUST_LOG` (e.g. `ds4=debug`) overrides `default`.

@@ -16,12 +16,17 @@ use ds4_model::{Model, ModelError};
 
 use crate::weights::Attachment;
 
+/// What to do when the model file does not exist.
+const IF_MISSING: &str = "run ./scripts/fetch-model.sh for the default model, or pass -m PATH";
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot open model {path}: {source}\nhint: run ./scripts/fetch-model.sh for the default model, or pass -m PATH")]
+    /// The file is missing, not a regular file, damaged, or (with
+    /// `--check-tensors`) holds non-finite weights.
+    #[error("{}", error.report(path, IF_MISSING))]
     Open {
         path: PathBuf,
-        source: ds4_model::gguf::GgufError,
+        error: ds4_model::gguf::GgufError,
     },
     #[error("model {path}: {source}")]
     Model { path: PathBuf, source: ModelError },
@@ -73,20 +78,35 @@ impl<B: Backend> LoadedModel<B> {
         backend: B,
         model_id: Option<String>,
     ) -> Result<LoadedModel<B>, LoadError> {
+        Self::open_with(path, backend, model_id, false)
+    }
+
+    /// Load `path` standalone; with `check_tensors`, refuse weights with a
+    /// non-finite value or block scale.
+    pub fn open_with(
+        path: &Path,
+        backend: B,
+        model_id: Option<String>,
+        check_tensors: bool,
+    ) -> Result<LoadedModel<B>, LoadError> {
         let t0 = Instant::now();
-        let file = GgufFile::open(path).map_err(|source| LoadError::Open {
+        let file = GgufFile::open(path).map_err(|error| LoadError::Open {
             path: path.into(),
-            source,
+            error,
         })?;
-        Self::bind(&file, path, WeightBytes::Standalone, backend, model_id, t0)
+        let weights = WeightBytes::Standalone;
+        Self::bind(&file, path, weights, backend, model_id, check_tensors, t0)
     }
 
     /// Bind to the weights of an attachment (no copy); the attachment's
-    /// model file supplies metadata, tokenizer and template.
+    /// model file supplies metadata, tokenizer and template. With
+    /// `check_tensors`, the bytes bound are checked first (for device
+    /// regions, the model file's, which the owner uploaded).
     pub fn attached(
         att: &Attachment,
         backend: B,
         model_id: Option<String>,
+        check_tensors: bool,
     ) -> Result<LoadedModel<B>, LoadError> {
         let t0 = Instant::now();
         let file = att.model_file().map_err(|source| LoadError::Weights {
@@ -99,6 +119,7 @@ impl<B: Backend> LoadedModel<B> {
             WeightBytes::Attached(att),
             backend,
             model_id,
+            check_tensors,
             t0,
         )
     }
@@ -109,6 +130,7 @@ impl<B: Backend> LoadedModel<B> {
         weights: WeightBytes<'_>,
         backend: B,
         model_id: Option<String>,
+        check_tensors: bool,
         t0: Instant,
     ) -> Result<LoadedModel<B>, LoadError> {
         // Validate before placing any bytes.
@@ -144,6 +166,9 @@ impl<B: Backend> LoadedModel<B> {
             }
             WeightBytes::Attached(att) => att.host_bytes().map_err(weights_error)?,
         };
+        if check_tensors {
+            check(file, path, &bytes)?;
+        }
         let kv_identity = kv_identity(file, &bytes);
         let model = Model::load_with(
             file,
@@ -184,6 +209,30 @@ impl<B: Backend> LoadedModel<B> {
             kv_identity,
         })
     }
+}
+
+/// `--check-tensors`: every tensor's bound bytes scanned for non-finite
+/// values and block scales.
+fn check(
+    file: &GgufFile,
+    path: &Path,
+    bytes: &std::collections::HashMap<String, ds4_kernels::HostBytes>,
+) -> Result<(), LoadError> {
+    let t0 = Instant::now();
+    for t in file.tensors() {
+        if let Some(b) = bytes.get(&t.name) {
+            ds4_model::gguf::check_tensor(t, b.as_slice()).map_err(|error| LoadError::Open {
+                path: path.into(),
+                error,
+            })?;
+        }
+    }
+    tracing::info!(
+        tensors = file.tensors().len(),
+        check_s = format!("{:.2}", t0.elapsed().as_secs_f64()),
+        "tensors checked: every value and block scale is finite"
+    );
+    Ok(())
 }
 
 /// The model identity saved KV state is checked against: the layout

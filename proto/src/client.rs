@@ -1,11 +1,17 @@
-//! Connecting to the owner's control plane.
+//! Connecting to the owner's control plane, with its bearer token when
+//! the owner asks for one ([`crate::auth`]).
 
 use std::path::PathBuf;
 
 use hyper_util::rt::TokioIo;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use crate::auth::BearerAuth;
 use crate::control::weight_owner_client::WeightOwnerClient;
+
+/// A control-plane client that sends the token (if any) with every call.
+pub type ControlClient = WeightOwnerClient<InterceptedService<Channel, BearerAuth>>;
 
 /// Where the control plane listens: `unix:/path/to.sock` or `host:port`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,10 +38,12 @@ impl std::fmt::Display for ControlAddr {
     }
 }
 
-/// A control-plane client over a Unix socket or TCP.
+/// A control-plane client over a Unix socket or TCP; `auth` adds the
+/// owner's token to every call.
 pub async fn connect(
     addr: &ControlAddr,
-) -> Result<WeightOwnerClient<Channel>, tonic::transport::Error> {
+    auth: BearerAuth,
+) -> Result<ControlClient, tonic::transport::Error> {
     let channel = match addr {
         ControlAddr::Tcp(a) => Endpoint::try_from(format!("http://{a}"))?.connect().await?,
         ControlAddr::Unix(path) => {
@@ -52,5 +60,5 @@ pub async fn connect(
                 .await?
         }
     };
-    Ok(WeightOwnerClient::new(channel))
+    Ok(WeightOwnerClient::with_interceptor(channel, auth))
 }

@@ -10,10 +10,13 @@
 //!   the same region and offset ([`layout::gguf`]: of a GGUF file).
 //! - [`broker`]: the fd broker wire messages.
 //! - [`client`]: connecting to the control plane (`unix:PATH` or `host:port`).
+//! - [`auth`]: the control plane's shared secret on TCP (token file,
+//!   bearer token, the owner's check).
 //!
 //! Every contract that crosses a process boundary lives here and nowhere
 //! else; see `docs/contracts/`.
 
+pub mod auth;
 pub mod broker;
 pub mod client;
 pub mod layout;

@@ -169,12 +169,18 @@ pub enum ManifestError {
 }
 
 impl Manifest {
-    /// Read and check the schema before anything else.
+    /// Read and check the schema before anything else. Only a regular
+    /// file is read (a FIFO in its place is an error, not a hang).
     pub fn read(path: &Path) -> Result<Manifest, ManifestError> {
-        let text = std::fs::read(path).map_err(|error| ManifestError::Read {
+        use std::io::Read;
+        let read = |error| ManifestError::Read {
             path: path.into(),
             error,
-        })?;
+        };
+        let mut text = Vec::new();
+        ds4_model::gguf::open_regular(path)
+            .and_then(|mut f| f.read_to_end(&mut text))
+            .map_err(read)?;
         Manifest::parse(path, &text)
     }
 
@@ -239,6 +245,15 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fifo_in_place_of_the_manifest_is_an_error_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weights.json");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = Manifest::read(&path).unwrap_err();
+        assert!(e.to_string().contains("FIFO"), "{e}");
+    }
 
     #[test]
     fn pid_alive_sees_this_process_and_not_a_reaped_one() {

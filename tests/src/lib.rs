@@ -5,6 +5,7 @@
 //! command does this first) into the same target directory as the tests.
 
 pub mod deepseek4;
+pub mod gguf;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -399,6 +400,60 @@ pub fn run_to_exit(name: &str, args: &[&str]) -> (Option<i32>, String, String) {
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Run a binary to completion with `env` set, as [`run_to_exit`], but
+/// kill it and panic if it has not exited within `limit` (a start-up that
+/// blocks).
+pub fn run_within(
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (Option<i32>, String, String) {
+    let mut child = Command::new(binary(name))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env("RUST_BACKTRACE", "0")
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .env_remove("NOTIFY_SOCKET")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {name}: {e}"));
+    // Drain both pipes on threads so that a chatty child never blocks.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr")));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{name} {args:?} did not exit within {limit:?}; stderr: {}",
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status.code(),
+        out.join().expect("stdout"),
+        err.join().expect("stderr"),
     )
 }
 

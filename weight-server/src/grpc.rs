@@ -1,9 +1,11 @@
 //! The `ds4.control.v1.WeightOwner` service: converts wire types and calls
-//! [`Owner`]; nothing else happens here.
+//! [`Owner`]; its interceptor checks every call's peer (Unix socket) or
+//! token (TCP, [`crate::access`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
 
+use ds4_proto::auth::Token;
 use ds4_proto::client::ControlAddr;
 use ds4_proto::control as pb;
 use ds4_proto::control::weight_owner_server::{WeightOwner, WeightOwnerServer};
@@ -186,11 +188,13 @@ pub fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
 }
 
 /// Serve until `shutdown` resolves. On a Unix socket every call is checked
-/// against `policy` (SO_PEERCRED).
+/// against `policy` (SO_PEERCRED); on TCP, with a `token`, every call must
+/// carry it ([`Token::check`]).
 pub async fn serve(
     owner: Arc<Owner>,
     listener: Listener,
     policy: PeerPolicy,
+    token: Option<Token>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let svc = WeightOwnerServer::with_interceptor(Service { owner }, move |req: Request<()>| {
@@ -211,6 +215,15 @@ pub async fn serve(
                     "control plane: {why}"
                 );
                 return Err(Status::permission_denied(why));
+            }
+        } else if let Some(token) = &token {
+            if let Err(status) = token.check(req.metadata()) {
+                tracing::warn!(
+                    peer = %req.remote_addr().map_or_else(|| "unknown".into(), |a| a.to_string()),
+                    "control plane: call refused: {}",
+                    status.message()
+                );
+                return Err(status);
             }
         }
         Ok(req)

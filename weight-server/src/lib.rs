@@ -5,10 +5,12 @@
 //! ([`plan`]), places the weights in CUDA VMM or sealed host memfds
 //! ([`backend`]) while computing the content identity ([`load`]), then
 //! (`serve`) starts the fd broker ([`broker`]) and the gRPC control
-//! plane ([`grpc`]) over the lease book ([`owner`]), publishes the manifest
-//! and serves until a signal or a drain. [`dryrun`] is the preflight,
+//! plane ([`grpc`], who may reach it: [`peer`], [`access`]) over the lease
+//! book ([`owner`]), publishes the manifest and serves until a signal or a
+//! drain. [`dryrun`] is the preflight,
 //! [`notify`] the systemd protocol, [`progress`] the load display.
 
+pub mod access;
 pub mod backend;
 pub mod broker;
 pub mod dryrun;

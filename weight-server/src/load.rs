@@ -16,10 +16,12 @@ use crate::progress::Progress;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot open model {path}: {source}")]
+    /// The file is missing, not a regular file, damaged, or (with
+    /// `--check-tensors`) holds non-finite weights.
+    #[error("{}", error.report(path, "check --base (DS4_WEIGHT_BASE)"))]
     Open {
         path: PathBuf,
-        source: ds4_model::gguf::GgufError,
+        error: ds4_model::gguf::GgufError,
     },
     #[error("model {path} is not supported: {source}")]
     Unsupported { path: PathBuf, source: ModelError },
@@ -47,18 +49,33 @@ impl BackendChoice {
 
 /// Open the model and check it against its family contract. The check
 /// binds views of the file mapping to the CPU reference backend; no weight
-/// memory is allocated.
-pub fn open_and_validate(path: &Path) -> Result<(GgufFile, Family), LoadError> {
-    let file = GgufFile::open(path).map_err(|source| LoadError::Open {
+/// memory is allocated. With `check_tensors`, every tensor's data is
+/// scanned for non-finite values and block scales too.
+pub fn open_and_validate(
+    path: &Path,
+    check_tensors: bool,
+) -> Result<(GgufFile, Family), LoadError> {
+    let open_error = |error| LoadError::Open {
         path: path.into(),
-        source,
-    })?;
+        error,
+    };
+    let file = GgufFile::open(path).map_err(open_error)?;
     let unsupported = |source| LoadError::Unsupported {
         path: path.into(),
         source,
     };
     let family = ds4_model::families::detect(&file).map_err(unsupported)?;
     Model::load(&file, &CpuBackend::new()).map_err(unsupported)?;
+    if check_tensors {
+        let t0 = std::time::Instant::now();
+        ds4_model::gguf::check_tensors(&file).map_err(open_error)?;
+        tracing::info!(
+            tensors = file.tensors().len(),
+            bytes = file.tensor_bytes(),
+            check_s = format!("{:.2}", t0.elapsed().as_secs_f64()),
+            "tensors checked: every value and block scale is finite"
+        );
+    }
     Ok((file, family))
 }
 

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ds4_proto::auth::Token;
 use ds4_proto::client::ControlAddr;
 use ds4_proto::manifest::{self, BackendEntry, Control, Manifest, Owner as OwnerEntry, SCOPE_BASE};
 
@@ -29,21 +30,25 @@ fn beside(manifest: &Path, suffix: &str) -> PathBuf {
     manifest.with_file_name(format!("{stem}.{suffix}"))
 }
 
+/// The control-plane address: `--grpc`, else a socket beside the manifest.
+pub(crate) fn control_addr(config: &Config) -> ControlAddr {
+    match &config.grpc {
+        Some(a) => ControlAddr::parse(a),
+        None => ControlAddr::Unix(beside(&config.manifest, "control.sock")),
+    }
+}
+
 /// Serve `loaded` until shutdown, published as `owner_entry`; the regions
-/// are released when this returns.
+/// are released when this returns. With `token`, every TCP control-plane
+/// call must carry it.
 pub(crate) fn serve(
     config: &Config,
     notifier: &Notifier,
     loaded: Loaded,
     owner_entry: OwnerEntry,
     backend_name: &str,
+    token: Option<Token>,
 ) -> Result<(), StartError> {
-    let grpc_addr = config.grpc.clone().unwrap_or_else(|| {
-        format!(
-            "unix:{}",
-            beside(&config.manifest, "control.sock").display()
-        )
-    });
     let broker_path = config
         .broker
         .clone()
@@ -74,7 +79,7 @@ pub(crate) fn serve(
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let control_addr = ControlAddr::parse(&grpc_addr);
+    let control_addr = control_addr(config);
     let listener = {
         let _g = rt.enter();
         grpc::bind(&control_addr).map_err(|source| StartError::Listen {
@@ -115,9 +120,15 @@ pub(crate) fn serve(
         let mut shutdown = owner.shutdown_signal();
         let server = {
             let mut rx = owner.shutdown_signal();
-            tokio::spawn(grpc::serve(owner.clone(), listener, policy, async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }))
+            tokio::spawn(grpc::serve(
+                owner.clone(),
+                listener,
+                policy,
+                token,
+                async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                },
+            ))
         };
         manifest.publish(&config.manifest)?;
         owner.emit(EventKind::Ready, "ready");

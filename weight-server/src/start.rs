@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ds4_proto::manifest::{pid_alive, Manifest, ManifestError, Owner as OwnerEntry, SCOPE_BASE};
 
+use crate::access::{control_access, AccessError};
 use crate::dryrun;
 use crate::load::{self, BackendChoice, LoadError, Target};
 use crate::notify::Notifier;
@@ -36,6 +37,10 @@ pub struct Config {
     /// Control plane address: `unix:PATH` or `HOST:PORT`; `None`: a socket
     /// beside the manifest.
     pub grpc: Option<String>,
+    /// Accept a non-loopback TCP `grpc` address (needs `grpc_token_file`).
+    pub grpc_allow_remote: bool,
+    /// The shared secret every TCP control-plane call must carry.
+    pub grpc_token_file: Option<PathBuf>,
     /// fd broker socket path; `None`: beside the manifest.
     pub broker: Option<PathBuf>,
     /// Groups whose members may attach besides the owner's user.
@@ -44,6 +49,9 @@ pub struct Config {
     pub lease_timeout_s: f64,
     /// Validate, plan and compare with the memory, then stop.
     pub dry_run: bool,
+    /// Scan every tensor for non-finite values and block scales before
+    /// planning (reads all the weights).
+    pub check_tensors: bool,
     /// Instead of a model, fill this many GiB of regions with a known
     /// pattern.
     pub synthetic_gb: Option<f64>,
@@ -79,6 +87,8 @@ pub enum StartError {
     Scope { found: String },
     #[error(transparent)]
     Load(#[from] LoadError),
+    #[error(transparent)]
+    Access(#[from] AccessError),
     /// `report` is the preflight report that shows why.
     #[error("the weights do not fit with --reserve-gb {reserve_gb}; see --dry-run")]
     DoesNotFit { reserve_gb: f64, report: String },
@@ -108,10 +118,15 @@ impl Owner {
                 found: config.scope,
             });
         }
+        let token = control_access(
+            &crate::serve::control_addr(&config),
+            config.grpc_allow_remote,
+            config.grpc_token_file.as_deref(),
+        )?;
         let reserve = (config.reserve_gb.max(0.0) * GIB) as u64;
         notifier.status("validating model");
         let model = match &config.base {
-            Some(base) => match load::open_and_validate(base) {
+            Some(base) => match load::open_and_validate(base, config.check_tensors) {
                 Ok(x) => Some(x),
                 Err(e) => {
                     tracing::error!("{e}");
@@ -179,7 +194,7 @@ impl Owner {
             generation,
             program_version: env!("CARGO_PKG_VERSION").into(),
         };
-        crate::serve::serve(&config, &notifier, loaded, owner, backend_name)?;
+        crate::serve::serve(&config, &notifier, loaded, owner, backend_name, token)?;
         tracing::info!("stopped");
         Ok(Outcome::Stopped)
     }
@@ -213,10 +228,13 @@ mod tests {
             reserve_gb: 0.0,
             device: 0,
             grpc: None,
+            grpc_allow_remote: false,
+            grpc_token_file: None,
             broker: None,
             allow_gids: vec![],
             lease_timeout_s: 10.0,
             dry_run: true,
+            check_tensors: false,
             synthetic_gb: Some(0.001),
         }
     }

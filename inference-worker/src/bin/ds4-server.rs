@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use ds4_inference_worker::api::{router, AppState, ServerOptions};
-use ds4_inference_worker::cli::{init_logging, Device, ModelArgs};
+use ds4_inference_worker::cli::{error_line, init_logging, Device, ModelArgs};
 use ds4_inference_worker::engine;
 use ds4_inference_worker::metrics::Metrics;
 use ds4_inference_worker::weights::{explicit_model, WeightsArgs};
@@ -74,8 +74,16 @@ struct Cli {
     weights: WeightsArgs,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     init_logging("info");
+    if let Err(e) = run() {
+        // One line: what is wrong with what, and what to do.
+        eprintln!("error: {}", error_line(e.as_ref()));
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let matches = <Cli as clap::CommandFactory>::command().get_matches();
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
     let explicit_model = explicit_model(&matches, "model");

@@ -5,7 +5,9 @@
 //! (`<hex>.ds4kv`), written to a temporary name, fsynced and renamed. A
 //! file carries a versioned header with the model's identity and KV
 //! geometry and a SHA-256 trailer; files that are truncated, corrupt, of
-//! another format version or of another model are skipped with a log line.
+//! another format version or of another model are skipped with a log line,
+//! and so is anything that is not a regular file (a FIFO is never opened:
+//! reading one would block start-up).
 //! The files this cache indexes never take more than the byte budget: the
 //! least recently used go first. The format is documented in
 //! `docs/contracts/kv-disk-cache.md`.
@@ -15,6 +17,7 @@ use std::fs::{self, File};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
+use ds4_model::gguf::open_regular;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -239,7 +242,14 @@ impl DiskCache {
         let path = self.dir.join(format!("{}.{EXT}", hex(&end)));
         let tmp = self.dir.join(format!("{}.{EXT}.tmp", hex(&end)));
         let mut write = || -> Result<(), DiskError> {
-            let f = File::create(&tmp).map_err(io(&tmp))?;
+            // A new file, never whatever is at that name (O_EXCL: not even
+            // a FIFO is opened).
+            let _ = fs::remove_file(&tmp);
+            let f = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .map_err(io(&tmp))?;
             let mut w = BufWriter::with_capacity(1 << 20, f);
             let mut sha = Sha256::new();
             let mut put = |w: &mut BufWriter<File>, b: &[u8]| {
@@ -295,7 +305,7 @@ impl DiskCache {
                 problem,
             })
         };
-        let f = File::open(path).map_err(|e| Skip::Foreign(io(path)(e)))?;
+        let f = open_regular(path).map_err(|e| Skip::Foreign(io(path)(e)))?;
         let len = f.metadata().map_err(|e| Skip::Foreign(io(path)(e)))?.len();
         let mut r = BufReader::new(f);
         let (header, json) = read_header(&mut r, path)?;
@@ -446,7 +456,7 @@ fn read_blocks(
         path: path.into(),
         problem,
     };
-    let f = File::open(path).map_err(io(path))?;
+    let f = open_regular(path).map_err(io(path))?;
     let mut r = BufReader::with_capacity(1 << 20, f);
     let (header, json) = read_header(&mut r, path).map_err(|skip| match skip {
         Skip::Foreign(e) | Skip::Damaged(e) => e,
@@ -489,4 +499,41 @@ fn read_blocks(
         return Err(bad("checksum mismatch: the file is corrupt".into()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> DiskKey {
+        DiskKey {
+            model: "m".into(),
+            block_size: 2,
+            layout: "dense".into(),
+            block_bytes: 8,
+            tail_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_fifo_or_directory_among_the_files_is_skipped_not_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join(format!("{}.{EXT}", "ab".repeat(16)));
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::create_dir(dir.path().join(format!("{}.{EXT}", "cd".repeat(16)))).unwrap();
+        let mut cache = DiskCache::open(dir.path(), 1 << 20, key()).unwrap();
+        assert_eq!(cache.files(), 0);
+        assert!(fifo.exists(), "left in place");
+        // A prefix is still written and indexed beside them.
+        let tokens = [1, 2, 3, 4];
+        let stored = cache
+            .store(&tokens, &mut |i, b: &mut [u8]| {
+                b.fill(i as u8);
+                Ok(())
+            })
+            .unwrap();
+        assert!(stored);
+        let reopened = DiskCache::open(dir.path(), 1 << 20, key()).unwrap();
+        assert_eq!(reopened.files(), 1);
+    }
 }

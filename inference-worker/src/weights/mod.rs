@@ -2,12 +2,12 @@
 //! worker itself.
 //!
 //! With a manifest ([`attach`]): read and check it, recompute the layout
-//! identity from the model file, take a lease over the control plane,
-//! receive the region fds from the broker, import them (`host`: read-only
-//! mappings of sealed memfds; `vmm`: CUDA VMM import mapped read-only) and
-//! bind tensors to that memory without copying. A task keeps the lease
-//! alive; if the owner dies the imported memory stays valid and the worker
-//! keeps serving.
+//! identity from the model file, take a lease over the control plane (with
+//! the owner's token when it asks for one), receive the region fds from
+//! the broker, import them (`host`: read-only mappings of sealed memfds;
+//! `vmm`: CUDA VMM import mapped read-only) and bind tensors to that
+//! memory without copying. A task keeps the lease alive; if the owner
+//! dies the imported memory stays valid and the worker keeps serving.
 //!
 //! Without one ([`standalone`]): the same region plan as the owner, filled
 //! from the file in this process, so the bound bytes are identical.
@@ -26,13 +26,12 @@ use std::time::{Duration, Instant};
 use ds4_kernels::vmm;
 use ds4_kernels::{DeviceBytes, HostBytes};
 use ds4_model::gguf::{GgufFile, TensorInfo};
+use ds4_proto::auth::{BearerAuth, Token};
 use ds4_proto::broker::{FdReply, FdRequest};
-use ds4_proto::client::{connect, ControlAddr};
+use ds4_proto::client::{connect, ControlAddr, ControlClient};
 use ds4_proto::control as pb;
-use ds4_proto::control::weight_owner_client::WeightOwnerClient;
 use ds4_proto::layout::{self, HOST_GRANULARITY, MAX_REGION_BYTES};
 use ds4_proto::manifest::{pid_alive, BackendKind, Manifest, ManifestError, Scope, TensorEntry};
-use tonic::transport::Channel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -46,11 +45,13 @@ pub enum WeightsError {
         scope: String,
         have: String,
     },
-    #[error("cannot open model {path}: {error}")]
+    #[error("{}", error.report(path, "pass the owner's model file with -m, or leave -m out to use the manifest's"))]
     Open {
         path: PathBuf,
         error: ds4_model::gguf::GgufError,
     },
+    #[error(transparent)]
+    Token(#[from] ds4_proto::auth::TokenError),
     #[error("layout identity mismatch: model file {model} has {model_identity}, manifest {manifest} has {manifest_identity}; start the worker with the owner's model (-m {owner_model}) or restart the owner with this one")]
     Identity {
         model: PathBuf,
@@ -91,6 +92,8 @@ pub struct AttachConfig {
     pub scope: String,
     /// The worker's own model file (`-m`); `None` uses the manifest's.
     pub model: Option<PathBuf>,
+    /// The owner's token file (a TCP control plane with a token).
+    pub token_file: Option<PathBuf>,
 }
 
 /// The imported memory.
@@ -121,7 +124,7 @@ pub struct Attachment {
     /// Seconds from reading the manifest to imported regions.
     pub import_seconds: f64,
     keepalive_every: Duration,
-    client: WeightOwnerClient<Channel>,
+    client: ControlClient,
     owner_alive: Arc<AtomicBool>,
 }
 
@@ -199,6 +202,11 @@ pub fn attach(
         }
     };
 
+    let token = cfg
+        .token_file
+        .as_deref()
+        .map(Token::read_file)
+        .transpose()?;
     let addr = ControlAddr::parse(&manifest.control.grpc);
     let control_err = |message: String| WeightsError::Control {
         addr: addr.to_string(),
@@ -206,9 +214,9 @@ pub fn attach(
         manifest: mpath.clone(),
     };
     let (client, lease) = rt.block_on(async {
-        let mut client = connect(&addr)
+        let mut client = connect(&addr, BearerAuth::new(token.as_ref()))
             .await
-            .map_err(|e| control_err(error_chain(&e)))?;
+            .map_err(|e| control_err(crate::cli::error_line(&e)))?;
         let r = client
             .attach(pb::AttachRequest {
                 worker_id: format!("ds4-server pid {}", std::process::id()),
@@ -218,9 +226,9 @@ pub fn attach(
             })
             .await
             .map_err(|s| match s.code() {
-                tonic::Code::FailedPrecondition | tonic::Code::PermissionDenied => {
-                    WeightsError::Refused(s.message().to_string())
-                }
+                tonic::Code::FailedPrecondition
+                | tonic::Code::PermissionDenied
+                | tonic::Code::Unauthenticated => WeightsError::Refused(s.message().to_string()),
                 _ => control_err(s.message().to_string()),
             })?;
         Ok::<_, WeightsError>((client, r.into_inner()))
@@ -241,17 +249,6 @@ pub fn attach(
         client,
         owner_alive: Arc::new(AtomicBool::new(true)),
     })
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Ask the broker for the lease's region fds.

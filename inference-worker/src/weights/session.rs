@@ -1,4 +1,5 @@
-//! The worker's weight flags and the lease's life in a serving process.
+//! The worker's weight flags (where the weights come from, how they are
+//! checked) and the lease's life in a serving process.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -11,7 +12,8 @@ use ds4_proto::manifest::{BackendKind, SCOPE_BASE};
 use super::{attach, AttachConfig, Attachment};
 use crate::runtime::LoadedModel;
 
-/// Flags of a worker that takes its weights from a weight owner.
+/// Flags of a worker about its weights: the weight owner to take them
+/// from, and their check.
 #[derive(Args, Debug, Clone)]
 pub struct WeightsArgs {
     /// Attach to the weight owner that published this manifest instead of
@@ -27,6 +29,15 @@ pub struct WeightsArgs {
     /// compared with the model file), print the timing, detach and exit.
     #[arg(long, env = "DS4_WEIGHT_CHECK", requires = "weights_manifest")]
     pub weights_check: bool,
+    /// The owner's token file, when its control plane is on TCP with
+    /// --grpc-token-file (the same file and variable as the owner's).
+    #[arg(long, env = "DS4_WEIGHT_GRPC_TOKEN_FILE")]
+    pub grpc_token_file: Option<PathBuf>,
+    /// Before serving, scan every tensor for NaN or infinite values and
+    /// block scales (reads all the weights; a bad one is refused, naming
+    /// the tensor and its first bad block).
+    #[arg(long, env = "DS4_CHECK_TENSORS")]
+    pub check_tensors: bool,
 }
 
 /// A live lease: its runtime (keep-alives) and imported memory. Dropping
@@ -82,6 +93,7 @@ impl WeightsArgs {
             manifest,
             scope,
             model,
+            token_file: self.grpc_token_file.clone(),
         })
     }
 
@@ -138,7 +150,8 @@ impl WeightsArgs {
         model_id: Option<String>,
     ) -> anyhow::Result<(LoadedModel<B>, Option<WeightsSession>)> {
         let Some(cfg) = self.config(explicit_model) else {
-            return Ok((LoadedModel::open(model_path, backend, model_id)?, None));
+            let lm = LoadedModel::open_with(model_path, backend, model_id, self.check_tensors)?;
+            return Ok((lm, None));
         };
         let session = self.session(&cfg)?;
         if session.attachment.backend() == BackendKind::Vmm && !backend.device_resident() {
@@ -147,7 +160,7 @@ impl WeightsArgs {
                 "vmm weights were imported and verified ({compared} sample bytes match the model file), but this worker computes on the CPU, which cannot read device memory; start it with --device cuda (needs a usable GPU), or start the owner with --backend host for CPU workers"
             );
         }
-        let lm = LoadedModel::attached(&session.attachment, backend, model_id)?;
+        let lm = LoadedModel::attached(&session.attachment, backend, model_id, self.check_tensors)?;
         session.attachment.spawn_keepalive(&session.rt);
         Ok((lm, Some(session)))
     }

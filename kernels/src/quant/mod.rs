@@ -33,6 +33,7 @@
 //! | `gemm.rs`       | [`gemm()`] ([`gemm_with`] over [`GemmAct`] rows prepared once): weight rows × many activation rows |
 //! | `simd_x86.rs`   | AVX2 dot kernels (`unsafe`)                    |
 //! | `gemm_x86.rs`   | tiled gemm kernel (AVX-512 VNNI), Q8 activation quantizer (`unsafe`) |
+//! | `validate.rs`   | [`find_non_finite`]: non-finite values and block scales (`--check-tensors`) |
 
 mod activation;
 mod dot;
@@ -47,6 +48,7 @@ mod q5;
 #[cfg(target_arch = "x86_64")]
 mod simd_x86;
 mod types;
+mod validate;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use simd_x86::prefetch_l2;
@@ -60,6 +62,7 @@ pub use dot::{
 pub use gemm::{gemm, gemm_with, quantize_act_row, GemmAct};
 pub use iq2::{IQ2XXS_GRID, KMASK_IQ2XS, KSIGNS_IQ2XS};
 pub use types::{GgmlType, QuantError};
+pub use validate::{find_non_finite, NonFinite};
 
 /// Dequantizes `dst.len()` values of type `ty` from `src`.
 ///

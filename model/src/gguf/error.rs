@@ -1,7 +1,9 @@
 //! Typed errors of the GGUF reader. Every variant names what is wrong and
 //! where (byte offset, key or tensor), so an operator can act on it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use ds4_kernels::quant::GgmlType;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
@@ -82,9 +84,94 @@ pub enum GgufError {
     },
     #[error("split model: {problem}")]
     Split { problem: String },
+    /// Found by [`super::check_tensor`] (`--check-tensors`).
+    #[error("tensor {name:?} ({ggml_type}): {} is {value} (byte {byte} of its data)", place(*.block, .field))]
+    NonFinite {
+        name: String,
+        ggml_type: GgmlType,
+        block: u64,
+        /// `value` for a float tensor, else the scale's name (`d`, `dmin`, ...).
+        field: &'static str,
+        value: f32,
+        byte: u64,
+    },
+}
+
+fn place(block: u64, field: &str) -> String {
+    if field == "value" {
+        format!("element {block}")
+    } else {
+        format!("block {block}'s scale {field}")
+    }
 }
 
 impl GgufError {
+    /// The file the error is about, when it names one.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            GgufError::Io { path, .. } | GgufError::InFile { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
+    /// The error without the file's path in front.
+    pub fn problem(&self) -> String {
+        match self {
+            GgufError::Io { source, .. } => source.to_string(),
+            GgufError::InFile { source, .. } => source.problem(),
+            other => other.to_string(),
+        }
+    }
+
+    /// Whether the file does not exist.
+    pub fn is_missing(&self) -> bool {
+        matches!(self, GgufError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+
+    /// What to do about it, for an operator; empty when the message
+    /// already says (split models, unsupported versions) or when only the
+    /// caller knows (a missing file: see [`GgufError::is_missing`]).
+    pub fn advice(&self) -> &'static str {
+        use std::io::ErrorKind;
+        match self {
+            GgufError::InFile { source, .. } => source.advice(),
+            GgufError::Io { source, .. } => match source.kind() {
+                ErrorKind::NotFound => "",
+                ErrorKind::PermissionDenied => "make it readable by this user",
+                ErrorKind::InvalidInput => {
+                    "pass the .gguf file itself, or the first shard of a split model"
+                }
+                _ => "check the file and the disk it is on",
+            },
+            GgufError::UnsupportedVersion { .. } | GgufError::Split { .. } => "",
+            GgufError::UnknownTensorType { .. } => {
+                "convert the model to a supported tensor type (see the README)"
+            }
+            GgufError::NonFinite { .. } => {
+                "the weights are damaged: download or convert the model again"
+            }
+            _ => "the file is damaged or not a GGUF model: download or convert it again",
+        }
+    }
+
+    /// One line for an operator: which file, what is wrong, what to do.
+    /// `path` names the model when the error names no file of its own;
+    /// `if_missing` is the advice for a file that does not exist, which
+    /// depends on who asked for it.
+    pub fn report(&self, path: &Path, if_missing: &str) -> String {
+        let file = self.path().unwrap_or(path).display();
+        let advice = if self.is_missing() {
+            if_missing
+        } else {
+            self.advice()
+        };
+        if advice.is_empty() {
+            format!("model {file}: {}", self.problem())
+        } else {
+            format!("model {file}: {}; {advice}", self.problem())
+        }
+    }
+
     pub(crate) fn in_file(self, path: &std::path::Path) -> GgufError {
         match self {
             e @ (GgufError::Io { .. } | GgufError::InFile { .. }) => e,

@@ -8,7 +8,6 @@
 //! as with every mmap-based inference engine.
 #![allow(unsafe_code)]
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -22,15 +21,9 @@ pub fn map_file(path: &Path) -> Result<Arc<Mmap>, GgufError> {
         path: path.to_path_buf(),
         source,
     };
-    let file = File::open(path).map_err(io)?;
-    // Opening a directory succeeds on Unix and mapping it fails with a
-    // cryptic ENODEV; say what is wrong instead.
-    if !file.metadata().map_err(io)?.is_file() {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file (a directory?); pass the .gguf file, or the first shard of a split model",
-        )));
-    }
+    // Only a regular file: a FIFO would block the open, a directory fails
+    // to map with a cryptic ENODEV; the error says what the path is.
+    let file = super::regular::open_regular(path).map_err(io)?;
     // SAFETY: the mapping is read-only and model files are not modified while
     // in use (see the module doc); all reads through it are bounds-checked.
     let map = unsafe { Mmap::map(&file) }.map_err(io)?;

@@ -5,10 +5,14 @@
 //! The header is parsed with bounds checks on every read ([`parse`]); tensor
 //! placement is checked against each shard's data section before any
 //! tensor is handed out, so [`GgufFile::tensor_data`] never fails.
+//! Files are opened only if they are regular files ([`open_regular`]);
+//! [`check_tensors`] scans the tensor data itself (`--check-tensors`).
 
+mod check;
 mod error;
 mod mmap;
 mod parse;
+mod regular;
 mod split;
 mod value;
 pub mod writer;
@@ -19,11 +23,13 @@ use std::sync::Arc;
 use ds4_kernels::quant::GgmlType;
 use memmap2::Mmap;
 
+pub use check::{check_tensor, check_tensors};
 pub use error::GgufError;
 pub use parse::{
     parse_header, Header, RawTensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_ARRAY_ELEMENTS,
     MAX_DIMS,
 };
+pub use regular::open_regular;
 pub use value::{MetaValue, Metadata};
 
 /// One tensor of a (possibly split) model.

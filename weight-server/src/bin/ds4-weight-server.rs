@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
-use ds4_proto::client::{connect, ControlAddr};
+use ds4_proto::auth::{BearerAuth, Token};
+use ds4_proto::client::{connect, ControlAddr, ControlClient};
 use ds4_proto::control as pb;
 use ds4_proto::manifest::{Manifest, SCOPE_BASE};
 use ds4_weight_server::load::BackendChoice;
@@ -17,6 +18,7 @@ use ds4_weight_server::start::{Config, Outcome, StartError};
 ///
 ///   Start:      ds4-weight-server --base MODEL.gguf --manifest /run/ds4/weights.json
 ///   Preflight:  add --dry-run (allocates nothing; exit 0 fits, 1 does not, 2 unsupported)
+///               add --check-tensors to also scan the weights for NaN/Inf
 ///   Status:     ds4-weight-server status --manifest PATH [--json]
 ///   Drain:      ds4-weight-server drain --manifest PATH [--exit-when-idle]
 ///   Workers:    ds4-server --weights-manifest PATH
@@ -47,9 +49,19 @@ struct Cli {
     #[arg(long, env = "DS4_WEIGHT_DEVICE", default_value_t = 0)]
     device: u32,
     /// Control plane address: unix:PATH (default: beside the manifest) or
-    /// HOST:PORT (loopback TCP).
+    /// HOST:PORT, which must be loopback unless --grpc-allow-remote.
     #[arg(long, env = "DS4_WEIGHT_GRPC")]
     grpc: Option<String>,
+    /// Accept a non-loopback --grpc address. Needs --grpc-token-file:
+    /// whoever reaches the control plane can drain and stop the owner.
+    #[arg(long, env = "DS4_WEIGHT_GRPC_ALLOW_REMOTE")]
+    grpc_allow_remote: bool,
+    /// File holding a shared secret (at least 16 printable characters, not
+    /// readable by every user) that every call to a TCP --grpc must carry;
+    /// status, drain and workers read the same file. Make one with
+    /// `(umask 077; head -c 32 /dev/urandom | base64 > FILE)`.
+    #[arg(long, env = "DS4_WEIGHT_GRPC_TOKEN_FILE")]
+    grpc_token_file: Option<PathBuf>,
     /// fd broker socket path (default: beside the manifest).
     #[arg(long, env = "DS4_WEIGHT_BROKER")]
     broker: Option<PathBuf>,
@@ -67,6 +79,11 @@ struct Cli {
     /// then exit (0 fits, 1 does not, 2 unsupported). Allocates nothing.
     #[arg(long, env = "DS4_WEIGHT_DRY_RUN")]
     dry_run: bool,
+    /// Before placing anything, scan every tensor for NaN or infinite
+    /// values and block scales (reads all the weights; a bad one is
+    /// refused, naming the tensor and its first bad block).
+    #[arg(long, env = "DS4_WEIGHT_CHECK_TENSORS")]
+    check_tensors: bool,
     /// Device measurements: instead of a model, fill this many GiB of
     /// regions (at most 2 GiB each) with a known pattern; workers check
     /// the import with `ds4-server --weights-check`.
@@ -83,6 +100,9 @@ struct StatusCli {
     /// JSON instead of a table.
     #[arg(long, env = "DS4_WEIGHT_STATUS_JSON")]
     json: bool,
+    /// The owner's token file, for a TCP control plane that needs one.
+    #[arg(long, env = "DS4_WEIGHT_GRPC_TOKEN_FILE")]
+    grpc_token_file: Option<PathBuf>,
 }
 
 /// `ds4-weight-server drain`: refuse new workers.
@@ -94,6 +114,9 @@ struct DrainCli {
     /// Exit once the last worker has detached or its lease was reaped.
     #[arg(long, env = "DS4_WEIGHT_EXIT_WHEN_IDLE")]
     exit_when_idle: bool,
+    /// The owner's token file, for a TCP control plane that needs one.
+    #[arg(long, env = "DS4_WEIGHT_GRPC_TOKEN_FILE")]
+    grpc_token_file: Option<PathBuf>,
 }
 
 fn init_logging() {
@@ -121,7 +144,7 @@ fn main() {
         _ => match run(Cli::parse()) {
             Ok(code) => code,
             Err(e) => {
-                tracing::error!("{e:#}");
+                tracing::error!("{}", error_line(&e));
                 1
             }
         },
@@ -137,29 +160,46 @@ fn client_main(f: impl FnOnce(&tokio::runtime::Runtime) -> anyhow::Result<()>) -
     match f(&rt) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_line(&e));
             1
         }
     }
 }
 
+/// An error and its causes on one line, each cause only if the messages
+/// before it do not already say it (typed errors include their source in
+/// their own message; context added with anyhow does not).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !line.contains(&c) {
+            line.push_str(": ");
+            line.push_str(&c);
+        }
+    }
+    line.replace('\n', "; ")
+}
+
 async fn control_of(
     manifest_path: &Path,
-) -> anyhow::Result<
-    ds4_proto::control::weight_owner_client::WeightOwnerClient<tonic::transport::Channel>,
-> {
+    token_file: Option<&Path>,
+) -> anyhow::Result<ControlClient> {
     let m = Manifest::read(manifest_path)?;
     let addr = ControlAddr::parse(&m.control.grpc);
-    connect(&addr).await.with_context(|| {
-        format!(
-            "cannot reach the weight owner at {addr} (pid {}); is it running?",
-            m.owner.pid
-        )
-    })
+    let token = token_file.map(Token::read_file).transpose()?;
+    connect(&addr, BearerAuth::new(token.as_ref()))
+        .await
+        .with_context(|| {
+            format!(
+                "cannot reach the weight owner at {addr} (pid {}); is it running?",
+                m.owner.pid
+            )
+        })
 }
 
 async fn status(cli: &StatusCli) -> anyhow::Result<()> {
-    let mut c = control_of(&cli.manifest).await?;
+    let mut c = control_of(&cli.manifest, cli.grpc_token_file.as_deref()).await?;
     let s = c
         .get_status(pb::GetStatusRequest {})
         .await
@@ -224,7 +264,7 @@ async fn status(cli: &StatusCli) -> anyhow::Result<()> {
 }
 
 async fn drain(cli: &DrainCli) -> anyhow::Result<()> {
-    let mut c = control_of(&cli.manifest).await?;
+    let mut c = control_of(&cli.manifest, cli.grpc_token_file.as_deref()).await?;
     let r = c
         .drain(pb::DrainRequest {
             exit_when_idle: cli.exit_when_idle,
@@ -254,10 +294,13 @@ impl From<Cli> for Config {
             reserve_gb: cli.reserve_gb,
             device: cli.device,
             grpc: cli.grpc,
+            grpc_allow_remote: cli.grpc_allow_remote,
+            grpc_token_file: cli.grpc_token_file,
             broker: cli.broker,
             allow_gids: cli.allow_gids,
             lease_timeout_s: cli.lease_timeout_s,
             dry_run: cli.dry_run,
+            check_tensors: cli.check_tensors,
             synthetic_gb: cli.synthetic_gb,
         }
     }
