@@ -12,7 +12,7 @@
 //!   request its id and span.
 //! - `listen`: the accept loop, the connection cap and time limits.
 //!
-//! Before any handler, [`guard`] answers CORS preflights, refuses requests
+//! Before any handler, `guard` answers CORS preflights, refuses requests
 //! that came over the connection cap (but `/health`), checks the key and a
 //! declared `Content-Length`; the JSON endpoints require a JSON content
 //! type; a wrong method gets a 405 with `Allow`, each refusal in the
@@ -234,12 +234,10 @@ pub async fn serve<S: Surface>(State(state): State<Arc<AppState>>, req: Request)
 /// Refuse a request whose `Content-Type` is not JSON: `application/json`
 /// or a `+json` type under `application/`, parameters (`charset`) allowed.
 fn json_content_type(h: &HeaderMap) -> Result<(), ApiError> {
-    let found = h.get(header::CONTENT_TYPE).map(|v| v.to_str());
-    let Some(Ok(ct)) = found else {
-        return Err(ApiError::UnsupportedMediaType {
-            found: found.map(|_| "a non-ASCII value".to_string()),
-        });
+    let Some(ct) = h.get(header::CONTENT_TYPE) else {
+        return Err(ApiError::UnsupportedMediaType { found: None });
     };
+    let ct = String::from_utf8_lossy(ct.as_bytes());
     let essence = ct
         .split(';')
         .next()
@@ -253,7 +251,7 @@ fn json_content_type(h: &HeaderMap) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::UnsupportedMediaType {
-            found: Some(ct.to_string()),
+            found: Some(ct.into_owned()),
         })
     }
 }
@@ -373,25 +371,11 @@ async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next) -> 
     }
     let path = req.uri().path().to_string();
     let method = req.method().clone();
-    let refused = if let (Some(over), false) = (
-        req.extensions().get::<listen::OverCapacity>(),
-        path == "/health",
-    ) {
-        state.engine.metrics().refusal("busy_connections");
-        Some(ApiError::Busy {
-            message: format!(
-                "the server is at its limit of {} connections, all answering requests; retry shortly",
-                over.max_connections
-            ),
-            reason: "busy_connections",
-        })
-    } else if path != "/health" && !authorized(&state, req.headers()) {
-        Some(ApiError::Unauthorized)
-    } else {
-        declared_too_large(req.headers(), state.max_body_bytes)
-    };
-    let mut resp = match refused {
-        Some(e) => e.for_path(&path),
+    let mut resp = match refusal(&state, &req) {
+        Some(e) => {
+            state.engine.metrics().refusal(e.reason());
+            e.for_path(&path)
+        }
         None => next.run(req).await,
     };
     // The router's own 405 (empty, with `Allow`) in the envelope.
@@ -402,17 +386,38 @@ async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next) -> 
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
-        resp = ApiError::MethodNotAllowed {
+        let e = ApiError::MethodNotAllowed {
             method: method.to_string(),
             path: path.clone(),
             allow,
-        }
-        .for_path(&path);
+        };
+        state.engine.metrics().refusal(e.reason());
+        resp = e.for_path(&path);
     }
     if state.cors {
         cors_headers(resp.headers_mut());
     }
     resp
+}
+
+/// Why `req` is refused before its handler, if it is: it came over the
+/// connection cap (all but `/health`), lacks the key (all but `/health`),
+/// or declares a body over the limit.
+fn refusal(state: &AppState, req: &Request) -> Option<ApiError> {
+    let health = req.uri().path() == "/health";
+    if let (Some(over), false) = (req.extensions().get::<listen::OverCapacity>(), health) {
+        return Some(ApiError::Busy {
+            message: format!(
+                "the server is at its limit of {} connections, all answering requests; retry shortly",
+                over.max_connections
+            ),
+            reason: "busy_connections",
+        });
+    }
+    if !health && !authorized(state, req.headers()) {
+        return Some(ApiError::Unauthorized);
+    }
+    declared_too_large(req.headers(), state.max_body_bytes)
 }
 
 /// A `Content-Length` over the body limit, refused before the body is read.
