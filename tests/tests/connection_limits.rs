@@ -455,3 +455,38 @@ fn wrong_methods_and_paths_are_refused_in_the_envelope() {
     );
     assert_anthropic(&r, 404, "not_found_error");
 }
+
+#[test]
+fn sigterm_drains_requests_in_flight_and_closes_idle_connections() {
+    let _g = serial();
+    let mut server = Server::start(&[]);
+    let port = server.port;
+    let mut idle = connect(port);
+    idle.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_response(&idle).unwrap().status, 200);
+    let mut s = connect(port);
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16, "temperature": 0, "stream": true}).to_string();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut got = vec![0u8; 4096];
+    let n = s.read(&mut got).expect("the stream's head");
+    got.truncate(n);
+    let stop = thread::spawn(move || server.terminate());
+    // The idle connection is closed at once, the stream runs to its end.
+    let (after, _) =
+        closed_within(&mut idle, Duration::from_secs(5)).expect("idle connection open");
+    assert!(after < Duration::from_secs(2), "{after:?}");
+    let (_, rest) = closed_within(&mut s, Duration::from_secs(60)).expect("the stream never ended");
+    got.extend_from_slice(&rest);
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert!(
+        stop.join().unwrap(),
+        "ds4-server exits cleanly after draining"
+    );
+}
