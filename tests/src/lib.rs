@@ -95,9 +95,13 @@ impl Server {
     }
 
     /// [`Server::start`] with the server's open-file limit (`ulimit -n`)
-    /// set to `nofile`.
-    pub fn start_with_fd_limit(nofile: u64, extra: &[&str]) -> Server {
-        Server::spawn(&model_path(), extra, None, Some(nofile))
+    /// set to `nofile`, its log (at `info`) appended to `log` when given.
+    pub fn start_with_fd_limit(
+        nofile: u64,
+        extra: &[&str],
+        log: Option<&std::path::Path>,
+    ) -> Server {
+        Server::spawn(&model_path(), extra, log, Some(nofile))
     }
 
     fn spawn(

@@ -124,6 +124,7 @@ fn stalled_connections_do_not_crowd_out_health_or_requests() {
             "--idle-timeout-s",
             "60",
         ],
+        None,
     );
     let port = server.port;
     // The prompt's cached prefix keeps the timed request below about
@@ -167,6 +168,37 @@ fn stalled_connections_do_not_crowd_out_health_or_requests() {
     let open = stalled.iter().filter(|s| !is_closed(s)).count();
     assert!(open <= 64, "{open} stalled connections still open");
     assert!(server.alive());
+}
+
+#[test]
+fn out_of_file_descriptors_the_server_backs_off_and_keeps_serving() {
+    let _g = serial();
+    // A cap above the open-file limit: accepts fail with EMFILE.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("server.log");
+    let mut server = Server::start_with_fd_limit(
+        128,
+        &["--max-connections", "1000", "--header-timeout-s", "60"],
+        Some(&log),
+    );
+    let port = server.port;
+    let stalled: Vec<TcpStream> = (0..300).map(|_| connect(port)).collect();
+    thread::sleep(Duration::from_millis(500));
+    // Connections that only wait give their descriptors up.
+    let t0 = Instant::now();
+    let h = server.request("GET", "/health", None).expect("health");
+    assert_eq!(h.status, 200);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    thread::sleep(Duration::from_millis(1500));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines = text.matches("accept failed").count();
+    assert!(
+        (1..=2).contains(&lines),
+        "{lines} accept-failure lines in the log:\n{text}"
+    );
+    assert!(text.contains("out of file descriptors"), "{text}");
+    assert!(server.alive());
+    drop(stalled);
 }
 
 #[test]
