@@ -157,19 +157,29 @@ impl Conn {
         true
     }
 
-    /// When the connection must be closed if nothing changes, and why.
-    fn deadline(&self, l: &Server) -> Option<(Instant, Closed)> {
+    /// What the connection's task waits for in its current phase.
+    fn next(&self, l: &Server) -> Next {
         let p = self.phase();
         if p.evicted {
-            Some((p.since, Closed::Evicted))
+            Next::Close(Closed::Evicted)
         } else if p.requests > 0 {
-            None
+            Next::InFlight
         } else if p.head_started || p.served == 0 {
-            Some((p.since + l.limits.header_timeout, Closed::HeaderTimeout))
+            Next::Deadline(p.since + l.limits.header_timeout, Closed::HeaderTimeout)
         } else {
-            Some((p.since + l.limits.idle_timeout, Closed::IdleTimeout))
+            Next::Deadline(p.since + l.limits.idle_timeout, Closed::IdleTimeout)
         }
     }
+}
+
+/// A connection's next step if nothing changes.
+enum Next {
+    /// Close it now.
+    Close(Closed),
+    /// Close it at this instant.
+    Deadline(Instant, Closed),
+    /// A request is in flight: no timer runs.
+    InFlight,
 }
 
 /// Whether a request's body is still arriving.
@@ -295,13 +305,14 @@ pub async fn serve(
             draining = true;
             http.as_mut().graceful_shutdown();
         }
-        let deadline = conn.deadline(&server);
-        if let Some((_, Closed::Evicted)) = deadline {
-            return Some(Closed::Evicted);
-        }
+        let deadline = match conn.next(&server) {
+            Next::Close(why) => return Some(why),
+            Next::Deadline(at, _) => Some(at),
+            Next::InFlight => None,
+        };
         let timer = async {
             match deadline {
-                Some((at, _)) => tokio::time::sleep_until(at.into()).await,
+                Some(at) => tokio::time::sleep_until(at.into()).await,
                 None => std::future::pending().await,
             }
         };
@@ -314,7 +325,7 @@ pub async fn serve(
             }
             () = conn.wake.notified() => {}
             () = timer => {
-                if let Some((at, why)) = conn.deadline(&server) {
+                if let Next::Deadline(at, why) = conn.next(&server) {
                     if at <= Instant::now() {
                         return Some(why);
                     }
