@@ -26,7 +26,7 @@ use nix::errno::Errno;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub use body::BodyTimeout;
+pub(super) use body::BodyTimeout;
 
 use super::AppState;
 use crate::metrics::Metrics;
@@ -86,7 +86,7 @@ pub fn default_max_connections() -> usize {
 /// Marks a request that came over the connection cap: only `/health` is
 /// answered, anything else gets a 503.
 #[derive(Clone, Copy, Debug)]
-pub struct OverCapacity {
+pub(super) struct OverCapacity {
     pub max_connections: usize,
 }
 
