@@ -31,6 +31,9 @@ pub struct Metrics {
     pub kv_tokens_capacity: Gauge,
     pub kv_blocks_used: Gauge,
     pub kv_blocks_cached: Gauge,
+    pub connections_open: Gauge,
+    pub connections_closed: Family<Labels, Counter>,
+    pub accept_errors: Counter,
     /// All requests counted by [`Metrics::request`] (families cannot be
     /// summed without iterating them).
     requests_total: AtomicU64,
@@ -61,6 +64,9 @@ impl Metrics {
             kv_tokens_capacity: Gauge::default(),
             kv_blocks_used: Gauge::default(),
             kv_blocks_cached: Gauge::default(),
+            connections_open: Gauge::default(),
+            connections_closed: Family::default(),
+            accept_errors: Counter::default(),
             registry: Registry::default(),
             requests_total: AtomicU64::new(0),
         };
@@ -140,6 +146,21 @@ impl Metrics {
             "Idle KV blocks kept for prefix reuse",
             m.kv_blocks_cached.clone(),
         );
+        r.register(
+            "connections_open",
+            "Open HTTP connections",
+            m.connections_open.clone(),
+        );
+        r.register(
+            "connections_closed",
+            "HTTP connections closed or refused by the server, by reason",
+            m.connections_closed.clone(),
+        );
+        r.register(
+            "accept_errors",
+            "Failed accepts of HTTP connections (e.g. out of file descriptors)",
+            m.accept_errors.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -160,6 +181,18 @@ impl Metrics {
         self.refusals
             .get_or_create(&vec![("reason".into(), reason.into())])
             .inc();
+    }
+
+    /// Count a connection the listener closed or refused, by `reason`
+    /// (`header_timeout`, `idle_timeout`, `evicted`, `refused`).
+    pub fn connection_closed(&self, reason: &str) {
+        self.connections_closed
+            .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc();
+    }
+
+    pub fn accept_error(&self) {
+        self.accept_errors.inc();
     }
 
     /// The Prometheus text exposition.

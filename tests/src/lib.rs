@@ -92,6 +92,25 @@ impl Server {
         extra: &[&str],
         log: Option<&std::path::Path>,
     ) -> Server {
+        Server::spawn(model, extra, log, None)
+    }
+
+    /// [`Server::start`] with the server's open-file limit (`ulimit -n`)
+    /// set to `nofile`, its log (at `info`) appended to `log` when given.
+    pub fn start_with_fd_limit(
+        nofile: u64,
+        extra: &[&str],
+        log: Option<&std::path::Path>,
+    ) -> Server {
+        Server::spawn(&model_path(), extra, log, Some(nofile))
+    }
+
+    fn spawn(
+        model: &std::path::Path,
+        extra: &[&str],
+        log: Option<&std::path::Path>,
+        nofile: Option<u64>,
+    ) -> Server {
         let port = free_port();
         let (level, stderr) = match log {
             Some(path) => (
@@ -106,7 +125,16 @@ impl Server {
             ),
             None => ("warn", Stdio::inherit()),
         };
-        let child = Command::new(binary("ds4-server"))
+        let mut cmd = match nofile {
+            None => Command::new(binary("ds4-server")),
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.args(["-c", "ulimit -n \"$0\" && exec \"$@\"", &n.to_string()])
+                    .arg(binary("ds4-server"));
+                c
+            }
+        };
+        let child = cmd
             .arg("-m")
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -182,7 +210,7 @@ impl Server {
             body.len()
         )?;
         s.write_all(body)?;
-        read_response(s)
+        read_response(&s)
     }
 
     /// Write a JSON POST and return the open connection without reading
@@ -246,7 +274,9 @@ impl Response {
     }
 }
 
-fn read_response(s: TcpStream) -> std::io::Result<Response> {
+/// Read one response from `s`: a body of its `Content-Length`, chunked, or
+/// up to the end of the stream.
+pub fn read_response(s: &TcpStream) -> std::io::Result<Response> {
     let mut r = BufReader::new(s);
     let mut line = String::new();
     r.read_line(&mut line)?;
@@ -270,8 +300,15 @@ fn read_response(s: TcpStream) -> std::io::Result<Response> {
     let chunked = headers
         .iter()
         .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let length = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.parse::<usize>().ok());
     let mut body = Vec::new();
-    if chunked {
+    if let (Some(n), false) = (length, chunked) {
+        body.resize(n, 0);
+        r.read_exact(&mut body)?;
+    } else if chunked {
         loop {
             line.clear();
             r.read_line(&mut line)?;

@@ -5,12 +5,13 @@
 use std::borrow::Cow;
 
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use serde_path_to_error::Segment;
 
+use super::listen::BodyTimeout;
 use crate::engine::SubmitError;
 use crate::generate::GenerateError;
 
@@ -27,8 +28,19 @@ pub enum ApiError {
     UnknownModel(String),
     #[error("prompt is too long: {prompt} tokens, but this server's context is {ctx} tokens (prompt plus completion)")]
     ContextLength { prompt: usize, ctx: usize },
-    #[error("request body is larger than the {limit}-byte limit")]
+    #[error("request body is larger than the {limit}-byte limit; send less, or raise the server's --max-body-mb")]
     TooLarge { limit: usize },
+    #[error("the request body did not arrive within {secs} s of its head (the server's --body-timeout-s); send the whole body at once")]
+    BodyTimeout { secs: u64 },
+    /// A JSON endpoint got another content type (`None`: no header).
+    #[error("Content-Type must be application/json, found {}; send `Content-Type: application/json`", .found.as_deref().map_or_else(|| "none".to_string(), |f| format!("{f:?}")))]
+    UnsupportedMediaType { found: Option<String> },
+    #[error("{method} is not allowed on {path}; allowed: {allow}")]
+    MethodNotAllowed {
+        method: String,
+        path: String,
+        allow: String,
+    },
     /// Retryable: the queue is full (`queue`) or the memory budget is
     /// reserved by running requests (`memory`).
     #[error("{message}")]
@@ -108,6 +120,24 @@ impl ApiError {
                 None,
                 None,
             ),
+            ApiError::BodyTimeout { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                None,
+                Some("request_timeout"),
+            ),
+            ApiError::UnsupportedMediaType { .. } => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                None,
+                Some("unsupported_media_type"),
+            ),
+            ApiError::MethodNotAllowed { .. } => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                None,
+                Some("method_not_allowed"),
+            ),
             ApiError::Busy { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_overloaded",
@@ -146,6 +176,9 @@ impl ApiError {
             ApiError::UnknownModel(_) => "unknown_model",
             ApiError::ContextLength { .. } => "context_length",
             ApiError::TooLarge { .. } => "body_too_large",
+            ApiError::BodyTimeout { .. } => "body_timeout",
+            ApiError::UnsupportedMediaType { .. } => "unsupported_media_type",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Busy { reason, .. } => reason,
             ApiError::NotFound(_) => "not_found",
             ApiError::Unauthorized => "unauthorized",
@@ -169,7 +202,11 @@ impl ApiError {
     /// The Anthropic error body.
     pub fn anthropic_body(&self) -> AnthropicEnvelope {
         let kind = match self {
-            ApiError::BadRequest { .. } | ApiError::ContextLength { .. } => "invalid_request_error",
+            ApiError::BadRequest { .. }
+            | ApiError::ContextLength { .. }
+            | ApiError::BodyTimeout { .. }
+            | ApiError::UnsupportedMediaType { .. }
+            | ApiError::MethodNotAllowed { .. } => "invalid_request_error",
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => "not_found_error",
             ApiError::TooLarge { .. } => "request_too_large",
             ApiError::Busy { .. } => "overloaded_error",
@@ -191,8 +228,19 @@ impl ApiError {
         self.respond(body)
     }
 
-    /// `body` with this error's status (and `Retry-After` when busy),
-    /// logged by severity.
+    /// This error in the envelope of the API that serves `path`: Anthropic
+    /// under `/v1/messages`, OpenAI elsewhere.
+    pub fn for_path(self, path: &str) -> Response {
+        if path.starts_with("/v1/messages") {
+            self.anthropic()
+        } else {
+            self.into_response()
+        }
+    }
+
+    /// `body` with this error's status (and `Retry-After` when busy,
+    /// `Allow` when the method is wrong, `Connection: close` when the
+    /// request body is left unread), logged by severity.
     fn respond(self, body: Response) -> Response {
         let status = self.status();
         if status == StatusCode::SERVICE_UNAVAILABLE {
@@ -204,16 +252,29 @@ impl ApiError {
             tracing::info!(error = %self, status = status.as_u16(), "request refused");
         }
         let mut resp = (status, body).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut()
-                .insert("retry-after", HeaderValue::from_static("1"));
+        let h = resp.headers_mut();
+        match &self {
+            ApiError::Busy { .. } => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ApiError::MethodNotAllowed { allow, .. } if !allow.is_empty() => {
+                if let Ok(v) = HeaderValue::from_str(allow) {
+                    h.insert(header::ALLOW, v);
+                }
+            }
+            ApiError::TooLarge { .. } | ApiError::BodyTimeout { .. } => {
+                h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            _ => {}
         }
         resp
     }
 
     /// A body-reading failure, given the configured size limit.
     pub fn from_rejection(r: BytesRejection, limit: usize) -> ApiError {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        if let Some(t) = BodyTimeout::find(&r) {
+            ApiError::BodyTimeout { secs: t.secs }
+        } else if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::TooLarge { limit }
         } else {
             ApiError::BadRequest {
@@ -281,8 +342,9 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiE
     Ok(t)
 }
 
-pub async fn not_found(uri: Uri) -> ApiError {
-    ApiError::NotFound(uri.path().to_string())
+/// The fallback: no route for the path, in the envelope of its API.
+pub async fn not_found(uri: Uri) -> Response {
+    ApiError::NotFound(uri.path().to_string()).for_path(uri.path())
 }
 
 /// Refusals of request bodies, for the surfaces' tests.

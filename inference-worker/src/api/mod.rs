@@ -10,11 +10,19 @@
 //! - `convo` (conversations and their rendering) and `run` (engine runs,
 //!   collection, SSE) are shared by the surfaces; `trace` gives every
 //!   request its id and span.
+//! - `listen`: the accept loop, the connection cap and time limits.
+//!
+//! Before any handler, `guard` answers CORS preflights, refuses requests
+//! that came over the connection cap (but `/health`), checks the key and a
+//! declared `Content-Length`; the JSON endpoints require a JSON content
+//! type; a wrong method gets a 405 with `Allow`, each refusal in the
+//! envelope of the path's API.
 
 mod anthropic_messages;
 mod convo;
 mod error;
 mod fields;
+pub mod listen;
 mod models;
 mod openai_chat;
 mod openai_completions;
@@ -30,9 +38,8 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{from_fn, from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -50,6 +57,7 @@ use crate::grammar::Grammars;
 use crate::sampler::SamplingParams;
 use ds4_model::chat::{Chat, RenderOptions, ReplayStore};
 pub use error::ApiError;
+pub use listen::ConnectionLimits;
 
 /// Default largest request body (a long agent conversation fits easily).
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -65,6 +73,12 @@ pub struct ServerOptions {
     /// Send permissive CORS headers and answer preflights.
     pub cors: bool,
     pub max_body_bytes: usize,
+    /// Accept any `Content-Type` on the JSON endpoints (default: JSON
+    /// only, so that a web page cannot post to the server without a CORS
+    /// preflight).
+    pub allow_any_content_type: bool,
+    /// Connection cap and time limits.
+    pub limits: ConnectionLimits,
     /// Set while the weights come from an owner: `false` once the owner
     /// is found gone (the worker serves on from the imported memory).
     pub owner_alive: Option<Arc<AtomicBool>>,
@@ -76,6 +90,8 @@ impl Default for ServerOptions {
             api_key: None,
             cors: false,
             max_body_bytes: MAX_BODY_BYTES,
+            allow_any_content_type: false,
+            limits: ConnectionLimits::default(),
             owner_alive: None,
         }
     }
@@ -95,6 +111,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub cors: bool,
     pub max_body_bytes: usize,
+    pub allow_any_content_type: bool,
+    pub limits: ConnectionLimits,
     owner_alive: Option<Arc<AtomicBool>>,
     /// Sampled tool-call bytes by call id, for exact replay of history.
     pub replay: Arc<ReplayStore>,
@@ -129,6 +147,8 @@ impl AppState {
             api_key: opts.api_key,
             cors: opts.cors,
             max_body_bytes: opts.max_body_bytes,
+            allow_any_content_type: opts.allow_any_content_type,
+            limits: opts.limits,
             owner_alive: opts.owner_alive,
             replay: Arc::new(ReplayStore::default()),
         }
@@ -198,15 +218,18 @@ pub trait Surface: DeserializeOwned + Send + 'static {
     fn model(&self) -> &str;
 }
 
-/// The handler of every surface: read the body within the size limit,
-/// parse it as the surface's request, check the model name, answer, and
-/// count the outcome; every error goes out in the surface's envelope.
-pub async fn serve<S: Surface>(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+/// The handler of every surface: check the content type, read the body
+/// within the size limit and time, parse it as the surface's request,
+/// check the model name, answer, and count the outcome; every error goes
+/// out in the surface's envelope.
+pub async fn serve<S: Surface>(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let r = async {
-        let body = body.map_err(|r| ApiError::from_rejection(r, state.max_body_bytes))?;
+        if !state.allow_any_content_type {
+            json_content_type(req.headers())?;
+        }
+        let body = Bytes::from_request(req, &state)
+            .await
+            .map_err(|r| ApiError::from_rejection(r, state.max_body_bytes))?;
         let req: S = error::parse_json(&body)?;
         if !state.serves(req.model()) {
             return Err(ApiError::UnknownModel(req.model().to_string()));
@@ -218,6 +241,31 @@ pub async fn serve<S: Surface>(
     match r {
         Ok(Reply::Json(r) | Reply::Stream(r)) => r,
         Err(e) => S::refuse(e),
+    }
+}
+
+/// Refuse a request whose `Content-Type` is not JSON: `application/json`
+/// or a `+json` type under `application/`, parameters (`charset`) allowed.
+fn json_content_type(h: &HeaderMap) -> Result<(), ApiError> {
+    let Some(ct) = h.get(header::CONTENT_TYPE) else {
+        return Err(ApiError::UnsupportedMediaType { found: None });
+    };
+    let ct = String::from_utf8_lossy(ct.as_bytes());
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let json = essence
+        .strip_prefix("application/")
+        .is_some_and(|sub| sub == "json" || (sub.ends_with("+json") && sub.len() > 5));
+    if json {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType {
+            found: Some(ct.into_owned()),
+        })
     }
 }
 
@@ -301,7 +349,7 @@ pub fn one_choice(n: Option<u32>, param: &'static str) -> Result<(), ApiError> {
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/chat/completions", post(serve::<ChatRequest>))
         .route("/v1/completions", post(serve::<CompletionRequest>))
         .route("/v1/responses", post(serve::<ResponsesRequest>))
@@ -316,34 +364,79 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(stats::metrics))
         .route("/v1/stats", get(stats::stats))
         .fallback(error::not_found)
+        .with_state(state.clone());
+    // The guard wraps the routes as a whole, so that it sees the `Allow`
+    // header of the router's 405.
+    Router::new()
+        .fallback_service(routes)
         .layer(from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(from_fn(trace::with_request_id))
-        .with_state(state)
 }
 
-/// API key check and CORS, before any handler.
+/// Before any handler: CORS, the connection cap, the API key and a
+/// declared body size; after it, a wrong method's 405 in the envelope.
 async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if state.cors && req.method() == Method::OPTIONS {
         let mut r = StatusCode::NO_CONTENT.into_response();
         cors_headers(r.headers_mut());
         return r;
     }
-    let path = req.uri().path();
-    let anthropic = path.starts_with("/v1/messages");
-    let mut resp = if path != "/health" && !authorized(&state, req.headers()) {
-        if anthropic {
-            ApiError::Unauthorized.anthropic()
-        } else {
-            ApiError::Unauthorized.into_response()
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let mut resp = match refusal(&state, &req) {
+        Some(e) => {
+            state.engine.metrics().refusal(e.reason());
+            e.for_path(&path)
         }
-    } else {
-        next.run(req).await
+        None => next.run(req).await,
     };
+    // The router's own 405 (empty, with `Allow`) in the envelope.
+    if resp.status() == StatusCode::METHOD_NOT_ALLOWED {
+        let allow = resp
+            .headers()
+            .get(header::ALLOW)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let e = ApiError::MethodNotAllowed {
+            method: method.to_string(),
+            path: path.clone(),
+            allow,
+        };
+        state.engine.metrics().refusal(e.reason());
+        resp = e.for_path(&path);
+    }
     if state.cors {
         cors_headers(resp.headers_mut());
     }
     resp
+}
+
+/// Why `req` is refused before its handler, if it is: it came over the
+/// connection cap (all but `/health`), lacks the key (all but `/health`),
+/// or declares a body over the limit.
+fn refusal(state: &AppState, req: &Request) -> Option<ApiError> {
+    let health = req.uri().path() == "/health";
+    if let (Some(over), false) = (req.extensions().get::<listen::OverCapacity>(), health) {
+        return Some(ApiError::Busy {
+            message: format!(
+                "the server is at its limit of {} connections, all answering requests; retry shortly",
+                over.max_connections
+            ),
+            reason: "busy_connections",
+        });
+    }
+    if !health && !authorized(state, req.headers()) {
+        return Some(ApiError::Unauthorized);
+    }
+    declared_too_large(req.headers(), state.max_body_bytes)
+}
+
+/// A `Content-Length` over the body limit, refused before the body is read.
+fn declared_too_large(h: &HeaderMap, limit: usize) -> Option<ApiError> {
+    let declared: u64 = h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()?;
+    (declared > limit as u64).then_some(ApiError::TooLarge { limit })
 }
 
 fn authorized(state: &AppState, h: &HeaderMap) -> bool {
@@ -402,5 +495,54 @@ mod tests {
         assert_eq!(param.as_deref(), Some("stop"));
         let (m, _) = refusal::<WithStop>(r#"{"stop":5}"#);
         assert!(m.contains("expected a string or a list"), "{m}");
+    }
+
+    fn content_type(v: Option<&str>) -> Result<(), ApiError> {
+        let mut h = HeaderMap::new();
+        if let Some(v) = v {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_str(v).unwrap());
+        }
+        json_content_type(&h)
+    }
+
+    #[test]
+    fn json_endpoints_take_json_content_types_only() {
+        for ok in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON ;charset=UTF-8",
+            "application/vnd.api+json",
+        ] {
+            assert!(content_type(Some(ok)).is_ok(), "{ok}");
+        }
+        for bad in [
+            "text/plain",
+            "text/plain; charset=utf-8",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "text/json",
+            "application/+json",
+            "application/jsonx",
+        ] {
+            let e = content_type(Some(bad)).unwrap_err();
+            assert_eq!(e.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "{bad}");
+            assert!(e.to_string().contains(bad), "{e}");
+        }
+        let e = content_type(None).unwrap_err();
+        assert!(e.to_string().contains("found none"), "{e}");
+    }
+
+    #[test]
+    fn a_declared_body_over_the_limit_is_refused_before_reading() {
+        let mut h = HeaderMap::new();
+        assert!(declared_too_large(&h, 10).is_none());
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+        assert!(declared_too_large(&h, 10).is_none());
+        h.insert(
+            header::CONTENT_LENGTH,
+            HeaderValue::from_static("99999999999999"),
+        );
+        let e = declared_too_large(&h, 10).unwrap();
+        assert_eq!(e.status(), StatusCode::PAYLOAD_TOO_LARGE);
     }
 }

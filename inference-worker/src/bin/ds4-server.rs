@@ -2,10 +2,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use ds4_inference_worker::api::{router, AppState, ServerOptions};
+use ds4_inference_worker::api::{listen, AppState, ConnectionLimits, ServerOptions};
 use ds4_inference_worker::cli::{error_line, init_logging, Device, ModelArgs};
 use ds4_inference_worker::engine;
 use ds4_inference_worker::metrics::Metrics;
@@ -43,9 +44,38 @@ struct Cli {
     /// Send CORS headers (any origin) and answer preflight requests.
     #[arg(long, env = "DS4_CORS")]
     cors: bool,
-    /// Largest request body accepted, in MiB.
+    /// Largest request body accepted, in MiB. A larger declared
+    /// Content-Length gets 413 before the body is read.
     #[arg(long, env = "DS4_MAX_BODY_MB", default_value_t = 32)]
     max_body_mb: usize,
+    /// Accept any Content-Type on the JSON endpoints. By default they take
+    /// only application/json (or a +json type) and answer 415 otherwise,
+    /// so that a web page cannot post to the server without a CORS
+    /// preflight.
+    #[arg(long, env = "DS4_ALLOW_ANY_CONTENT_TYPE")]
+    allow_any_content_type: bool,
+    /// Seconds a client has to send a complete request head: from the
+    /// connect for the first request, from its first byte for the next
+    /// ones on a kept-alive connection. Then the connection is closed.
+    #[arg(long, env = "DS4_HEADER_TIMEOUT_S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout_s: u64,
+    /// Seconds a declared request body has to arrive after its head; then
+    /// the request gets 408 and the connection is closed.
+    #[arg(long, env = "DS4_BODY_TIMEOUT_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout_s: u64,
+    /// Seconds a kept-alive connection may wait for its next request before
+    /// it is closed. A request in flight (a long prefill, a stream) is
+    /// never cut.
+    #[arg(long, env = "DS4_IDLE_TIMEOUT_S", default_value_t = 75, value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout_s: u64,
+    /// Open connections served at once. At the cap, the longest-open
+    /// connection that is only waiting on its client (idle, or slow to send
+    /// its request) is closed to make room; when all are answering
+    /// requests, a few more connections get /health or a 503 with
+    /// Retry-After, and the rest are closed at once. Default: half the
+    /// open-file limit (ulimit -n), 16 to 4096.
+    #[arg(long, env = "DS4_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: Option<u64>,
     /// Sequences generated at once (continuous batching); more requests wait.
     #[arg(long, env = "DS4_MAX_SEQS", default_value_t = 16)]
     max_seqs: usize,
@@ -150,6 +180,17 @@ where
         api_key: cli.api_key.clone().filter(|k| !k.is_empty()),
         cors: cli.cors,
         max_body_bytes: cli.max_body_mb.max(1) * 1024 * 1024,
+        allow_any_content_type: cli.allow_any_content_type,
+        limits: ConnectionLimits {
+            header_timeout: Duration::from_secs(cli.header_timeout_s),
+            body_timeout: Duration::from_secs(cli.body_timeout_s),
+            idle_timeout: Duration::from_secs(cli.idle_timeout_s),
+            max_connections: cli
+                .max_connections
+                .map_or_else(listen::default_max_connections, |n| {
+                    usize::try_from(n).unwrap_or(usize::MAX)
+                }),
+        },
         owner_alive: weights.as_ref().map(|w| w.owner_alive_flag()),
     };
     let state = Arc::new(AppState::new(handle, chat, model_id, ctx, opts));
@@ -161,10 +202,16 @@ where
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
-        tracing::info!(%addr, "listening; try: curl http://{addr}/v1/models");
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
+        let l = &state.limits;
+        tracing::info!(
+            %addr,
+            max_connections = l.max_connections,
+            header_timeout_s = l.header_timeout.as_secs(),
+            body_timeout_s = l.body_timeout.as_secs(),
+            idle_timeout_s = l.idle_timeout.as_secs(),
+            "listening; try: curl http://{addr}/v1/models"
+        );
+        listen::run(listener, state, shutdown_signal()).await;
         anyhow::Ok(())
     })?;
     // Requests are done: let the engine checkpoint and stop.
