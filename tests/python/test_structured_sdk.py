@@ -152,21 +152,20 @@ def test_responses_parse_matches_every_schema(oai):
         list(pool.map(one, cases()))
 
 
-class Place(BaseModel):
-    city: str
-    country: str
+class Triage(BaseModel):
+    """Enums and a boolean."""
 
-
-class Traveller(BaseModel):
-    name: str
-    home: Place
+    area: Literal["ui", "api", "storage", "docs"]
+    reproducible: bool
+    priority: Priority
 
 
 def test_anthropic_parse_matches_its_schema(claude):
     # The SDK moves length and range constraints into descriptions before
-    # sending, so these schemas have none: what it sends is the whole
-    # schema its parse checks.
-    schemas = [Traveller, Ticket]
+    # sending, so these schemas have none, and no free strings or numbers
+    # (without their bounds a small model may write one until max_tokens):
+    # what it sends is the whole schema its parse checks.
+    schemas = [Triage, Ticket]
 
     def one(case):
         schema, prompt = case
@@ -183,3 +182,95 @@ def test_anthropic_parse_matches_its_schema(claude):
 
     with ThreadPoolExecutor(WORKERS) as pool:
         list(pool.map(one, [(s, p) for s in schemas for p in PROMPTS[:10]]))
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "unit": {"type": "string", "enum": ["c", "f"]},
+    },
+    "required": ["city", "days", "unit"],
+    "additionalProperties": False,
+}
+ASK = "What will the weather be in Paris this week?"
+RUNS = 20
+# A small model may call again and again until the token limit: a call
+# cut short is left out of the answer. One run in two allows one call.
+
+
+def test_chat_forced_strict_calls_match_the_schema(oai):
+    tool = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": WEATHER}}
+
+    def one(i):
+        r = oai.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": ASK}],
+            tools=[tool],
+            tool_choice="required" if i % 2 else {"type": "function", "function": {"name": "get_weather"}},
+            parallel_tool_calls=i % 4 < 2,
+            temperature=1,
+            seed=i,
+            max_tokens=300,
+        )
+        calls = r.choices[0].message.tool_calls
+        assert calls, r
+        if i % 4 >= 2:
+            assert len(calls) == 1 and r.choices[0].finish_reason == "tool_calls", r
+        for c in calls:
+            assert c.function.name == "get_weather"
+            jsonschema.validate(json.loads(c.function.arguments), WEATHER)
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(one, range(RUNS)))
+
+
+def test_responses_forced_strict_calls_match_the_schema(oai):
+    tool = {"type": "function", "name": "get_weather", "strict": True, "parameters": WEATHER}
+
+    def one(i):
+        r = oai.responses.create(
+            model="default",
+            input=ASK,
+            tools=[tool],
+            tool_choice="required",
+            parallel_tool_calls=i % 2 == 0,
+            temperature=1,
+            max_output_tokens=300,
+        )
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert calls, r
+        if i % 2:
+            assert len(calls) == 1 and r.status == "completed", r
+        for c in calls:
+            jsonschema.validate(json.loads(c.arguments), WEATHER)
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(one, range(RUNS)))
+
+
+def test_anthropic_forced_strict_calls_match_the_schema(claude):
+    tool = {"name": "get_weather", "description": "Weather forecast", "input_schema": WEATHER, "strict": True}
+
+    def one(i):
+        r = claude.messages.create(
+            model="default",
+            max_tokens=300,
+            messages=[{"role": "user", "content": ASK}],
+            tools=[tool],
+            tool_choice={"type": "any", "disable_parallel_tool_use": i % 4 >= 2}
+            if i % 2
+            else {"type": "tool", "name": "get_weather"},
+            # The 2.x SDK has no sampling keyword arguments: extra_body.
+            extra_body={"temperature": 1},
+        )
+        uses = [b for b in r.content if b.type == "tool_use"]
+        assert uses, r
+        if i % 4 == 3:
+            assert r.stop_reason == "tool_use" and len(uses) == 1, r
+        for u in uses:
+            jsonschema.validate(u.input, WEATHER)
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(one, range(RUNS)))

@@ -97,10 +97,14 @@ fn streams_are_framed_per_api_and_errors_use_each_envelope() {
     assert_eq!(r.json()["error"]["param"], "best_of");
     let r = server.post_json(
         "/v1/responses",
-        &json!({"input": "x", "text": {"format": {"type": "json_schema"}}}),
+        &json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "x"}}}),
     );
     assert_eq!(r.status, 400);
-    assert_eq!(r.json()["error"]["param"], "text.format");
+    assert_eq!(r.json()["error"]["param"], "text");
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("schema"));
     let r = server.post_json("/v1/completions", &json!({"prompt": [999999999]}));
     assert_eq!(r.status, 400);
     assert!(r.json()["error"]["message"]

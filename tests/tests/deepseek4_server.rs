@@ -145,3 +145,90 @@ fn tiny_model_through_the_weight_owner_answers_like_standalone() {
     assert_eq!(ask(&attached), standalone);
     assert_eq!(owner.status()["leases"].as_array().map(Vec::len), Some(1));
 }
+
+/// Arguments of a forced call on the miniature model: `days` 1 to 7 and
+/// `unit` one of two (the model's text is random; the grammar holds it).
+fn check_args(args: &Value) {
+    let o = args
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {args}"));
+    assert_eq!(o.len(), 2, "{args}");
+    let days = o["days"].as_i64().unwrap_or_else(|| panic!("{args}"));
+    assert!((1..=7).contains(&days), "{args}");
+    assert!(o["unit"] == "c" || o["unit"] == "f", "{args}");
+}
+
+#[test]
+fn a_required_call_is_written_in_dsml_and_mapped_to_each_api() {
+    let server = Server::start_model(&tiny_model_path(), &["--ctx", "2048"]);
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"days": {"type": "integer", "minimum": 1, "maximum": 7},
+                       "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["days", "unit"],
+        "additionalProperties": false
+    });
+    let msgs = serde_json::json!([{"role": "user", "content": "Weather in Rome?"}]);
+    for seed in 0..3 {
+        // Chat: a named function, thinking off.
+        let r = server.post_json(
+            "/v1/chat/completions",
+            &serde_json::json!({"messages": msgs, "temperature": 1, "seed": seed, "max_tokens": 200,
+                "reasoning_effort": "none",
+                "tools": [{"type": "function", "function": {"name": "get_weather", "strict": true, "parameters": schema}}],
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+        );
+        let v = r.json();
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+        let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather");
+        check_args(&serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap());
+
+        // Responses: the named function as a function_call item.
+        let r = server.post_json(
+            "/v1/responses",
+            &serde_json::json!({"input": "Weather in Rome?", "temperature": 1, "seed": seed,
+                "max_output_tokens": 200, "reasoning": {"effort": "none"},
+                "tools": [{"type": "function", "name": "get_weather", "strict": true, "parameters": schema}],
+                "tool_choice": {"type": "function", "name": "get_weather"}}),
+        );
+        let v = r.json();
+        let item = v["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["type"] == "function_call")
+            .unwrap_or_else(|| panic!("no function_call: {v}"));
+        assert_eq!(item["name"], "get_weather");
+        check_args(&serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap());
+
+        // Anthropic Messages: the tool as a tool_use block.
+        let r = server.post_json(
+            "/v1/messages",
+            &serde_json::json!({"messages": msgs, "temperature": 1, "max_tokens": 200,
+                "thinking": {"type": "disabled"},
+                "tools": [{"name": "get_weather", "strict": true, "input_schema": schema}],
+                "tool_choice": {"type": "tool", "name": "get_weather"}}),
+        );
+        let v = r.json();
+        assert_eq!(v["stop_reason"], "tool_use", "{v}");
+        let block = v["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "tool_use")
+            .unwrap_or_else(|| panic!("no tool_use: {v}"));
+        check_args(&block["input"]);
+    }
+    // Required (any tool): at least one finished call, in DSML.
+    let r = server.post_json(
+        "/v1/chat/completions",
+        &serde_json::json!({"messages": msgs, "temperature": 1, "seed": 5, "max_tokens": 200,
+            "reasoning_effort": "none",
+            "tools": [{"type": "function", "function": {"name": "get_weather", "strict": true, "parameters": schema}}],
+            "tool_choice": "required"}),
+    );
+    let v = r.json();
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    check_args(&serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap());
+}

@@ -155,19 +155,48 @@ pub struct WireTool {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WireToolChoice {
-    Auto,
-    Any,
+    Auto {
+        #[serde(default)]
+        disable_parallel_tool_use: bool,
+    },
+    Any {
+        #[serde(default)]
+        disable_parallel_tool_use: bool,
+    },
     None,
-    Tool { name: String },
+    Tool {
+        name: String,
+        #[serde(default)]
+        disable_parallel_tool_use: bool,
+    },
+}
+
+impl WireToolChoice {
+    /// `disable_parallel_tool_use`: at most one tool use in the answer.
+    fn single(&self) -> bool {
+        match self {
+            WireToolChoice::Auto {
+                disable_parallel_tool_use: d,
+            }
+            | WireToolChoice::Any {
+                disable_parallel_tool_use: d,
+            }
+            | WireToolChoice::Tool {
+                disable_parallel_tool_use: d,
+                ..
+            } => *d,
+            WireToolChoice::None => false,
+        }
+    }
 }
 
 impl From<&WireToolChoice> for ToolChoice {
     fn from(c: &WireToolChoice) -> ToolChoice {
         match c {
-            WireToolChoice::Auto => ToolChoice::Auto,
-            WireToolChoice::Any => ToolChoice::Required,
+            WireToolChoice::Auto { .. } => ToolChoice::Auto,
+            WireToolChoice::Any { .. } => ToolChoice::Required,
             WireToolChoice::None => ToolChoice::None,
-            WireToolChoice::Tool { name } => ToolChoice::Named(name.clone()),
+            WireToolChoice::Tool { name, .. } => ToolChoice::Named(name.clone()),
         }
     }
 }
@@ -252,6 +281,7 @@ fn conversation(req: &MessagesRequest, body: &[u8]) -> Result<Conversation, ApiE
         .tool_choice
         .as_ref()
         .map_or(ToolChoice::Auto, ToolChoice::from);
+    c.single_call = req.tool_choice.as_ref().is_some_and(WireToolChoice::single);
     // `output_config.effort` (the current SDK's) names the tier like
     // `reasoning_effort`; else `thinking` turns it on or off.
     let effort = req.output_config.as_ref().and_then(|o| o.effort.as_deref());
@@ -887,6 +917,7 @@ mod tests {
             Some(r#"{"name":"f","parameters":{ "type": "object" }}"#)
         );
         assert_eq!(c.choice, ToolChoice::Required);
+        assert!(c.single_call);
         assert_eq!(c.thinking, Some(Thinking::Off));
     }
 }

@@ -50,10 +50,10 @@ pub struct ChatRequest {
     pub presence_penalty: Option<Penalty>,
     pub frequency_penalty: Option<Penalty>,
     pub logit_bias: Option<LogitBias>,
+    /// `false`: at most one call in the answer.
+    pub parallel_tool_calls: Option<bool>,
     // Documented fields that are read (so that a wrong type is refused)
     // and have no effect here.
-    #[allow(dead_code)]
-    pub parallel_tool_calls: Option<bool>,
     #[allow(dead_code)]
     pub metadata: Option<Metadata>,
     #[allow(dead_code)]
@@ -231,6 +231,7 @@ fn conversation(req: &mut ChatRequest, body: &[u8]) -> Result<Conversation, ApiE
         .tool_choice
         .as_ref()
         .map_or(ToolChoice::Auto, WireToolChoice::choice);
+    c.single_call = req.parallel_tool_calls == Some(false);
     c.thinking = thinking(req)?;
     Ok(c)
 }

@@ -268,7 +268,13 @@ pub async fn collect(mut run: Run) -> Result<(Collected, Finish), ApiError> {
                     }
                 }
             }
-            Step::Done(f) => return Ok((c, f)),
+            Step::Done(f) => {
+                // A call the token limit cut short has arguments no client
+                // can run: a JSON answer leaves it out (a stream has sent
+                // its pieces already, and ends `length`).
+                c.calls.truncate(f.calls);
+                return Ok((c, f));
+            }
             Step::Failed(e) => return Err(e),
         }
     }

@@ -44,7 +44,8 @@ impl ResponseFormat {
     }
 }
 
-/// Responses' `text.format` (the schema's fields sit beside `type`).
+/// Responses' `text.format` (the schema's fields sit beside `type`; as
+/// on OpenAI's service, `json_schema` needs its `name` and `schema`).
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TextFormat {
@@ -52,8 +53,8 @@ pub enum TextFormat {
     JsonObject,
     JsonSchema {
         #[allow(dead_code)]
-        name: Option<String>,
-        schema: Option<Map<String, Value>>,
+        name: String,
+        schema: Map<String, Value>,
         #[allow(dead_code)]
         strict: Option<bool>,
     },
@@ -64,7 +65,7 @@ impl TextFormat {
         match self {
             TextFormat::Text => None,
             TextFormat::JsonObject => Some(Spec::json_object()),
-            TextFormat::JsonSchema { schema, .. } => Some(schema_spec(schema)),
+            TextFormat::JsonSchema { schema, .. } => Some(Spec::JsonSchema(Value::Object(schema))),
         }
     }
 }

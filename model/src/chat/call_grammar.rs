@@ -32,25 +32,30 @@ pub struct CallGrammar {
     pub tools: Vec<(String, Option<Value>)>,
     /// Whether the answer must be calls (and of which tool).
     pub choice: ToolChoice,
+    /// At most one call.
+    pub single: bool,
 }
 
 impl CallGrammar {
     /// The grammar for `offered` tools under `choice`, when the calls must
-    /// hold: a forced call, or a strict tool (`None` otherwise).
+    /// hold: a forced call, a strict tool, or `single` (at most one call);
+    /// `None` otherwise.
     pub fn new<'a>(
         protocol: ToolProtocol,
         offered: impl Iterator<Item = &'a ToolSpec>,
         choice: &ToolChoice,
+        single: bool,
     ) -> Option<CallGrammar> {
         let tools: Vec<(String, Option<Value>)> = offered
             .map(|t| (t.name.clone(), t.strict.then(|| t.parameters.clone())))
             .collect();
         let forced = matches!(choice, ToolChoice::Required | ToolChoice::Named(_));
         let strict = tools.iter().any(|(_, s)| s.is_some());
-        (!tools.is_empty() && (forced || strict)).then(|| CallGrammar {
+        (!tools.is_empty() && (forced || strict || single)).then(|| CallGrammar {
             protocol,
             tools,
             choice: choice.clone(),
+            single,
         })
     }
 
@@ -73,7 +78,8 @@ impl CallGrammar {
         let mut g = String::new();
         let close = lit(&format!("\n{CALL_CLOSE}"));
         let open = lit(&format!("{CALL_OPEN}\n"));
-        let more = format!("more: (/[ \\n]*/ {open} call {close})*\n");
+        // Calls may follow calls, unless the answer holds one.
+        let more = if self.single { "" } else { " more" };
         match &self.choice {
             // The prompt opened the envelope and wrote the name: the
             // arguments, then the envelope's end (one call).
@@ -84,15 +90,15 @@ impl CallGrammar {
                 ));
             }
             // The prompt opened the envelope.
-            ToolChoice::Required => g.push_str(&format!("start: call {close} more\n")),
+            ToolChoice::Required => g.push_str(&format!("start: call {close}{more}\n")),
             ToolChoice::Auto | ToolChoice::None => {
                 let text = content.map_or_else(|| "TEXT".to_string(), str::to_string);
-                g.push_str(&format!("start: {text} | TEXT {open} call {close} more\n"));
+                g.push_str(&format!("start: {text} | TEXT {open} call {close}{more}\n"));
                 g.push_str(&free_text("TEXT", CALL_OPEN));
             }
         }
-        if !matches!(self.choice, ToolChoice::Named(_)) {
-            g.push_str(&more);
+        if !more.is_empty() && !matches!(self.choice, ToolChoice::Named(_)) {
+            g.push_str(&format!("more: (/[ \\n]*/ {open} call {close})*\n"));
         }
         let calls: Vec<Value> = self
             .tools
@@ -115,8 +121,9 @@ impl CallGrammar {
 
     fn dsml(&self, content: Option<&str>) -> String {
         let mut g = String::new();
-        // A named tool is called once; otherwise calls may follow calls.
-        let repeat = if matches!(self.choice, ToolChoice::Named(_)) {
+        // A named tool is called once, and so is any under `single`;
+        // otherwise calls may follow calls.
+        let repeat = if self.single || matches!(self.choice, ToolChoice::Named(_)) {
             ""
         } else {
             "+"
@@ -259,20 +266,40 @@ mod tests {
     fn only_forced_calls_and_strict_tools_need_a_grammar() {
         let loose = [tool("a", false)];
         let p = ToolProtocol::Envelope;
-        assert!(CallGrammar::new(p, loose.iter(), &ToolChoice::Auto).is_none());
-        assert!(CallGrammar::new(p, loose.iter(), &ToolChoice::Required).is_some());
+        assert!(CallGrammar::new(p, loose.iter(), &ToolChoice::Auto, false).is_none());
+        assert!(CallGrammar::new(p, loose.iter(), &ToolChoice::Required, false).is_some());
         let strict = [tool("a", true)];
-        let g = CallGrammar::new(p, strict.iter(), &ToolChoice::Auto).unwrap();
+        let g = CallGrammar::new(p, strict.iter(), &ToolChoice::Auto, false).unwrap();
         assert!(!g.forced());
         assert_eq!(g.tools[0].1.as_ref().unwrap()["required"][0], "city");
     }
 
     #[test]
+    fn a_single_call_has_no_repetition() {
+        let loose = [tool("a", false)];
+        for p in [ToolProtocol::Envelope, ToolProtocol::Dsml] {
+            // Single alone asks for a grammar, even of loose tools.
+            let g = CallGrammar::new(p, loose.iter(), &ToolChoice::Auto, true).unwrap();
+            let one = g.lark(None);
+            assert!(!one.contains("more") && !one.contains("invoke+"), "{one}");
+            let many = CallGrammar::new(p, loose.iter(), &ToolChoice::Required, false)
+                .unwrap()
+                .lark(None);
+            assert!(many.contains("more") || many.contains("invoke+"), "{many}");
+        }
+    }
+
+    #[test]
     fn the_grammars_name_each_syntax() {
         let tools = [tool("get_weather", true), tool("loose", false)];
-        let env = CallGrammar::new(ToolProtocol::Envelope, tools.iter(), &ToolChoice::Auto)
-            .unwrap()
-            .lark(None);
+        let env = CallGrammar::new(
+            ToolProtocol::Envelope,
+            tools.iter(),
+            &ToolChoice::Auto,
+            false,
+        )
+        .unwrap()
+        .lark(None);
         assert!(env.contains("\"<tool_call>\\n\""), "{env}");
         assert!(env.contains("\"const\":\"get_weather\""), "{env}");
         assert!(env.contains("TEXT: /(.|\\n)*/ & ~("), "{env}");
@@ -280,14 +307,20 @@ mod tests {
             ToolProtocol::Envelope,
             tools.iter(),
             &ToolChoice::Named("get_weather".into()),
+            false,
         )
         .unwrap()
         .lark(None);
         assert!(named.starts_with("start: args \"}\""), "{named}");
         assert!(!named.contains("more"), "{named}");
-        let dsml = CallGrammar::new(ToolProtocol::Dsml, tools.iter(), &ToolChoice::Required)
-            .unwrap()
-            .lark(None);
+        let dsml = CallGrammar::new(
+            ToolProtocol::Dsml,
+            tools.iter(),
+            &ToolChoice::Required,
+            false,
+        )
+        .unwrap()
+        .lark(None);
         assert!(dsml.starts_with("start: \"\\n\\n\"? block"), "{dsml}");
         // city is required, days and unit optional; unit is one of its enum.
         assert!(

@@ -133,6 +133,9 @@ pub struct Conversation {
     /// The thinking mode asked for (families that think); `None`: the
     /// family's default.
     pub thinking: Option<Thinking>,
+    /// At most one call in the answer (OpenAI's `parallel_tool_calls:
+    /// false`, Anthropic's `disable_parallel_tool_use`): held by grammar.
+    pub single_call: bool,
 }
 
 impl Conversation {

@@ -246,18 +246,20 @@ impl ChatProtocol for Ds4Chat {
             protocol: ToolProtocol::Dsml,
             replay: Some(opts.replay.clone()),
         });
+        // A non-thinking prompt has closed the reasoning: the answer holds
+        // none (and a grammar gives the model no way to open it again).
         let reasoning = match thinking {
-            Thinking::Off => THINK_DELIMITERS,
-            Thinking::High | Thinking::Max => THINK_DELIMITERS.inside(),
+            Thinking::Off => None,
+            Thinking::High | Thinking::Max => Some(THINK_DELIMITERS.inside()),
         };
         Ok(PromptText {
             text,
             // The text starts with BOS.
             add_bos: false,
             answer: AnswerFormat {
-                reasoning: Some(reasoning),
+                reasoning,
                 tools,
-                calls: CallGrammar::new(ToolProtocol::Dsml, c.offered(), &c.choice),
+                calls: CallGrammar::new(ToolProtocol::Dsml, c.offered(), &c.choice, c.single_call),
             },
         })
     }

@@ -109,7 +109,12 @@ impl ChatProtocol for TemplateChat {
                     replay: None,
                 }),
                 calls: if tools {
-                    CallGrammar::new(ToolProtocol::Envelope, c.offered(), &c.choice)
+                    CallGrammar::new(
+                        ToolProtocol::Envelope,
+                        c.offered(),
+                        &c.choice,
+                        c.single_call,
+                    )
                 } else {
                     None
                 },

@@ -45,10 +45,10 @@ pub struct ResponsesRequest {
     pub text: Option<TextConfig>,
     /// Echoed back unread.
     pub metadata: Option<Metadata>,
+    /// `false`: at most one call in the answer.
+    pub parallel_tool_calls: Option<bool>,
     // Documented fields that are read (so that a wrong type is refused)
     // and have no effect here.
-    #[allow(dead_code)]
-    pub parallel_tool_calls: Option<bool>,
     #[allow(dead_code)]
     pub user: Option<String>,
 }
@@ -247,6 +247,7 @@ fn conversation(req: &mut ResponsesRequest, body: &[u8]) -> Result<Conversation,
     });
     c.tools = convo::tool_specs(functions.collect(), body, ToolShape::Flat("parameters"));
     c.choice = choice(req);
+    c.single_call = req.parallel_tool_calls == Some(false);
     c.thinking = match req.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
         Some(e) => Some(convo::effort(e, "reasoning.effort")?),
         None => None,
