@@ -6,7 +6,8 @@
 //!   that context;
 //! - **concurrency**: C requests at once with different prompts, for each
 //!   C: aggregate decode tok/s while all C streams decode, and per-stream
-//!   decode tok/s;
+//!   decode tok/s; with a grammar, each C is also run with half of its
+//!   streams held to it (the cost of constrained decoding to everyone);
 //! - **prefix reuse**: a request sharing a long prefix with a finished one:
 //!   cached tokens and TTFT against the cold request.
 
@@ -16,6 +17,7 @@ use serde::Serialize;
 
 use crate::engine::{EngineHandle, Event};
 use crate::generate::{GenerateError, GenerateRequest, Generation, StreamOptions};
+use crate::grammar::Constraint;
 use crate::sampler::SamplingParams;
 
 #[derive(Debug, thiserror::Error)]
@@ -120,13 +122,17 @@ pub struct ConcurrencyRow {
     pub speedup: Option<f64>,
     /// Sweeps measured.
     pub sweeps: usize,
+    /// Streams of the run held to the grammar.
+    pub constrained: usize,
 }
 
 /// For each stream count: that many requests at once, each with its own
 /// `prompt_len`-token prompt, generating `gen` tokens. The whole list of
 /// stream counts is run `sweeps` times, interleaved (so that a slow spell
 /// of the machine touches every count alike), and each count reports its
-/// median.
+/// median. With `grammar`, every run is followed by the same stream count
+/// with every other stream held to it (rows with `constrained` set).
+#[allow(clippy::too_many_arguments)]
 pub fn concurrency(
     engine: &EngineHandle,
     text: &[u32],
@@ -134,42 +140,51 @@ pub fn concurrency(
     prompt_len: usize,
     gen: usize,
     sweeps: usize,
+    grammar: Option<&Constraint>,
     marker: &mut u32,
 ) -> Result<Vec<ConcurrencyRow>, BenchError> {
     let sweeps = sweeps.max(1);
     let body: Vec<u32> = text.iter().copied().cycle().take(prompt_len).collect();
-    // (aggregate, per-stream) of every sweep, per stream count.
-    let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); streams.len()];
+    let variants: Vec<Option<&Constraint>> = [None].into_iter().chain(grammar.map(Some)).collect();
+    // (aggregate, per-stream) of every sweep, per variant and stream count.
+    let mut runs: Vec<Vec<Vec<(f64, f64)>>> = vec![vec![Vec::new(); streams.len()]; variants.len()];
     for _ in 0..sweeps {
         for (i, &c) in streams.iter().enumerate() {
-            runs[i].push(one_concurrency_run(engine, &body, c, gen, marker)?);
+            for (v, g) in variants.iter().enumerate() {
+                runs[v][i].push(one_concurrency_run(engine, &body, c, gen, *g, marker)?);
+            }
         }
     }
-    let rows: Vec<(usize, f64, f64, f64, f64)> = streams
-        .iter()
-        .zip(&runs)
-        .map(|(&c, r)| {
-            let agg: Vec<f64> = r.iter().map(|x| x.0).collect();
-            let per: Vec<f64> = r.iter().map(|x| x.1).collect();
-            let (lo, hi) = agg
-                .iter()
-                .fold((f64::INFINITY, 0.0f64), |(l, h), &v| (l.min(v), h.max(v)));
-            (c, median(agg), lo, hi, median(per))
-        })
-        .collect();
-    let single = rows.iter().find(|r| r.0 == 1).map(|r| r.1);
-    Ok(rows
-        .into_iter()
-        .map(|(c, agg, lo, hi, per)| ConcurrencyRow {
-            streams: c,
-            aggregate_tps: agg,
-            aggregate_min: lo,
-            aggregate_max: hi,
-            per_stream_tps: per,
-            speedup: single.filter(|&b| b > 0.0).map(|b| agg / b),
-            sweeps,
-        })
-        .collect())
+    let mut out = Vec::new();
+    for (v, g) in variants.iter().enumerate() {
+        let rows: Vec<(usize, f64, f64, f64, f64)> = streams
+            .iter()
+            .zip(&runs[v])
+            .map(|(&c, r)| {
+                let agg: Vec<f64> = r.iter().map(|x| x.0).collect();
+                let per: Vec<f64> = r.iter().map(|x| x.1).collect();
+                let (lo, hi) = agg
+                    .iter()
+                    .fold((f64::INFINITY, 0.0f64), |(l, h), &v| (l.min(v), h.max(v)));
+                (c, median(agg), lo, hi, median(per))
+            })
+            .collect();
+        let single = rows.iter().find(|r| r.0 == 1).map(|r| r.1);
+        out.extend(
+            rows.into_iter()
+                .map(|(c, agg, lo, hi, per)| ConcurrencyRow {
+                    streams: c,
+                    aggregate_tps: agg,
+                    aggregate_min: lo,
+                    aggregate_max: hi,
+                    per_stream_tps: per,
+                    speedup: single.filter(|&b| b > 0.0).map(|b| agg / b),
+                    sweeps,
+                    constrained: if g.is_some() { c.div_ceil(2) } else { 0 },
+                }),
+        );
+    }
+    Ok(out)
 }
 
 /// The median of `v` (the upper one of an even count).
@@ -185,15 +200,16 @@ fn one_concurrency_run(
     body: &[u32],
     c: usize,
     gen: usize,
+    grammar: Option<&Constraint>,
     marker: &mut u32,
 ) -> Result<(f64, f64), BenchError> {
     let mut rxs = Vec::with_capacity(c);
-    for _ in 0..c {
+    for i in 0..c {
         *marker += 1;
-        rxs.push(engine.submit(
-            request(marked(*marker, body), gen),
-            StreamOptions::default(),
-        )?);
+        let mut req = request(marked(*marker, body), gen);
+        // Every other stream (the first among them) under the grammar.
+        req.constraint = grammar.filter(|_| i % 2 == 0).cloned();
+        rxs.push(engine.submit(req, StreamOptions::default())?);
     }
     // One receiving thread per stream, so that each token is timed when
     // it arrives (they sleep between the engine's steps).

@@ -9,7 +9,7 @@ use ds4_kernels::Backend;
 use ds4_model::tokenizer::{StreamDecoder, Tokenizer};
 use ds4_model::{Logits, ModelError, Sequence};
 
-use crate::grammar::Constraint;
+use crate::grammar::{Constraint, NextMask};
 use crate::runtime::LoadedModel;
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stop::{StopEvent, StopMatcher};
@@ -216,7 +216,9 @@ pub enum Next {
 /// text. The engine keeps one per live sequence.
 pub struct Decoding<'t> {
     sampler: Sampler,
-    constraint: Option<Constraint>,
+    /// The grammar's mask for the next token, being computed while the
+    /// logits are.
+    grammar: Option<NextMask>,
     /// The logits with the grammar's mask applied (reused).
     masked: Vec<f32>,
     stops: StopMatcher,
@@ -231,7 +233,7 @@ impl<'t> Decoding<'t> {
     pub fn new(tokenizer: &'t Tokenizer, req: &GenerateRequest, opts: StreamOptions) -> Self {
         Decoding {
             sampler: Sampler::new(req.sampling.clone()),
-            constraint: req.constraint.clone(),
+            grammar: req.constraint.clone().map(Constraint::next_mask),
             masked: Vec::new(),
             stops: StopMatcher::new(req.stop.clone()),
             decoder: StreamDecoder::new(tokenizer),
@@ -267,10 +269,12 @@ impl<'t> Decoding<'t> {
         on_step: &mut dyn FnMut(&TokenStep<'_>) -> ControlFlow<()>,
     ) -> Next {
         let out = &mut self.out;
-        let token = match &mut self.constraint {
+        let mut constraint = None;
+        let token = match self.grammar.take() {
             None => self.sampler.sample(logits),
-            Some(c) => match c.allowed() {
-                Ok(allowed) => {
+            Some(next) => match next.wait() {
+                Ok((c, allowed)) => {
+                    constraint = Some(c);
                     Constraint::mask_into(&allowed, logits, &mut self.masked);
                     self.sampler.sample(&self.masked)
                 }
@@ -285,7 +289,7 @@ impl<'t> Decoding<'t> {
             out.finish = FinishReason::Stop;
             return Next::Finished;
         }
-        if let Some(c) = &mut self.constraint {
+        if let Some(c) = &mut constraint {
             if let Err(e) = c.commit(token) {
                 tracing::warn!(error = %e, token, "the grammar refused a sampled token");
                 out.finish = FinishReason::GrammarError;
@@ -320,11 +324,7 @@ impl<'t> Decoding<'t> {
                 return Next::Finished;
             }
         }
-        if self
-            .constraint
-            .as_ref()
-            .is_some_and(Constraint::is_complete)
-        {
+        if constraint.as_ref().is_some_and(Constraint::is_complete) {
             // Nothing but a stop token could follow.
             out.finish = FinishReason::Stop;
             return Next::Finished;
@@ -333,6 +333,7 @@ impl<'t> Decoding<'t> {
             out.finish = FinishReason::Length;
             return Next::Finished;
         }
+        self.grammar = constraint.map(Constraint::next_mask);
         Next::Feed(token)
     }
 

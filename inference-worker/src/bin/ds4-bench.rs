@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use ds4_inference_worker::cli::{init_logging, Device, ModelArgs};
+use ds4_inference_worker::grammar::{Grammars, Spec};
 use ds4_inference_worker::metrics::Metrics;
 use ds4_inference_worker::runtime::LoadedModel;
 use ds4_inference_worker::{bench, engine};
@@ -77,6 +78,13 @@ struct Cli {
     /// Engine: tokens generated per request.
     #[arg(long, default_value_t = 64)]
     gen: usize,
+    /// Engine, with --concurrency: also run each stream count with half of
+    /// its streams held to this JSON schema (constrained decoding), and
+    /// compare the aggregate with the unconstrained run. Give a schema
+    /// that cannot end within --gen tokens, e.g. `{"type": "array",
+    /// "items": {"type": "integer"}, "minItems": 1000}`.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<std::path::PathBuf>,
 }
 
 impl Cli {
@@ -134,6 +142,17 @@ where
     let model_id = lm.model_id.clone();
     let threads = rayon::current_num_threads();
     let backend = lm.backend.name();
+    let grammar = match &cli.json_schema {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            let schema: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", p.display()))?;
+            let grammars = Grammars::new(lm.chat.tokenizer.clone())?;
+            Some(grammars.compile(&Spec::JsonSchema(schema), None, None)?)
+        }
+        None => None,
+    };
     let engine = engine::spawn(lm, cfg, std::sync::Arc::new(Metrics::new()))?;
     let h = &engine.handle;
     // Distinct leading tokens keep the runs from sharing cached prefixes.
@@ -169,6 +188,7 @@ where
             cli.stream_prompt,
             cli.gen,
             cli.sweeps,
+            grammar.as_ref(),
             &mut marker,
         )?;
         if cli.json {
@@ -181,9 +201,9 @@ where
                 );
             }
             println!(
-                "\n| streams | aggregate decode tok/s | per-stream decode tok/s | vs 1 stream |"
+                "\n| streams | constrained | aggregate decode tok/s | per-stream decode tok/s | vs 1 stream |"
             );
-            println!("| ---: | ---: | ---: | ---: |");
+            println!("| ---: | ---: | ---: | ---: | ---: |");
             for r in &rows {
                 let x = r.speedup.map_or("-".into(), |x| format!("{x:.2}x"));
                 let range = if r.sweeps > 1 {
@@ -192,9 +212,25 @@ where
                     String::new()
                 };
                 println!(
-                    "| {} | {:.1}{range} | {:.1} | {x} |",
-                    r.streams, r.aggregate_tps, r.per_stream_tps
+                    "| {} | {} | {:.1}{range} | {:.1} | {x} |",
+                    r.streams, r.constrained, r.aggregate_tps, r.per_stream_tps
                 );
+            }
+            if grammar.is_some() {
+                println!("\n| streams | aggregate, half constrained / none |");
+                println!("| ---: | ---: |");
+                for free in rows.iter().filter(|r| r.constrained == 0) {
+                    let held = rows
+                        .iter()
+                        .find(|r| r.constrained > 0 && r.streams == free.streams);
+                    if let Some(held) = held.filter(|_| free.aggregate_tps > 0.0) {
+                        println!(
+                            "| {} | {:.3} |",
+                            free.streams,
+                            held.aggregate_tps / free.aggregate_tps
+                        );
+                    }
+                }
             }
         }
     }

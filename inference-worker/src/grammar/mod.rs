@@ -10,11 +10,19 @@
 //! the reasoning's closing delimiter. The engine asks the constraint for
 //! the tokens allowed next, samples among them, and commits the token;
 //! the answer ends when the grammar is complete.
+//!
+//! A mask is computed off the engine thread: [`Constraint::next_mask`]
+//! hands the constraint to a small pool of grammar threads as soon as a
+//! token is committed (the first one as the request is admitted), so the
+//! masks of every constrained stream of a step are computed together,
+//! while the forward pass that produces the step's logits runs; the
+//! engine waits only for a mask not ready by then.
 
 mod vocab;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
 
 use ds4_model::chat::Delimiters;
 use ds4_model::tokenizer::Tokenizer;
@@ -176,6 +184,17 @@ impl Constraint {
         self.matcher.is_stopped()
     }
 
+    /// Compute the tokens allowed next on the grammar threads; the
+    /// constraint comes back with them.
+    pub fn next_mask(mut self) -> NextMask {
+        let (tx, rx) = mpsc::sync_channel(1);
+        grammar_pool().spawn(move || {
+            let allowed = self.allowed();
+            let _ = tx.send((self, allowed));
+        });
+        NextMask(rx)
+    }
+
     /// Set `out` to `logits` with every token the grammar does not allow
     /// at minus infinity (`out` is reused between steps).
     pub fn mask_into(allowed: &SimpleVob, logits: &[f32], out: &mut Vec<f32>) {
@@ -187,4 +206,34 @@ impl Constraint {
             }
         });
     }
+}
+
+/// A mask being computed on the grammar threads, with its constraint.
+#[derive(Debug)]
+pub struct NextMask(mpsc::Receiver<(Constraint, Result<SimpleVob, GrammarError>)>);
+
+impl NextMask {
+    /// The constraint and the tokens it allows next (waits for them).
+    pub fn wait(self) -> Result<(Constraint, SimpleVob), GrammarError> {
+        let (c, allowed) = self
+            .0
+            .recv()
+            .map_err(|_| GrammarError("the grammar thread failed".into()))?;
+        Ok((c, allowed?))
+    }
+}
+
+/// The grammar threads: a few, apart from the compute threads (a mask
+/// takes tens to hundreds of microseconds; a step has one per
+/// constrained stream).
+fn grammar_pool() -> &'static rayon::ThreadPool {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        rayon::ThreadPoolBuilder::new()
+            .num_threads((cores / 4).clamp(2, 8))
+            .thread_name(|i| format!("ds4-grammar-{i}"))
+            .build()
+            .expect("the grammar threads start")
+    })
 }
