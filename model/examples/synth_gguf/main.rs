@@ -8,6 +8,10 @@
 //! synth_gguf header PART OUT.header.gguf [--name NAME]
 //!     Parse the header of PART (the start of a real GGUF; the tensor data
 //!     may be cut off) and write just the header, relabelled, to OUT.
+//! synth_gguf ds4-flash TOKENIZER.gguf OUT.header.gguf [--experts q2|q4]
+//!     Write the header of a DeepSeek V4 Flash file in the published
+//!     layout (all 1,328 tensors, the q2 or q4 file's types), with the
+//!     tokenizer of TOKENIZER (a GGUF holding DeepSeek V4's tokenizer).
 //! synth_gguf fill HEADER OUT.gguf [--layers N] [--seed S] [--threads T]
 //!     Write the full file: HEADER's metadata and tensor table (with
 //!     --layers, only the first N blocks and `{arch}.block_count = N`),
@@ -22,6 +26,10 @@
 //! positive number (values stay within about ±1), the quants are random
 //! bytes; f32/f16 tensors hold small values (norm weights near 1). The
 //! bytes depend only on the seed, the tensor's index and the chunk.
+//! DeepSeek V4's hash-routing tables hold valid expert ids: six distinct
+//! experts per token, every expert used about equally; its learned
+//! routers are random small weights, so score routing spreads tokens over
+//! the experts about uniformly (a real model's routing is less even).
 //! Chunks of up to 16 MiB are generated and written (`pwrite`) by every
 //! core in parallel.
 
@@ -30,6 +38,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
+
+mod ds4_flash;
 
 use ds4_kernels::quant::GgmlType;
 use ds4_kernels::CpuBackend;
@@ -50,6 +60,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("header") => header(&args[1..]),
+        Some("ds4-flash") => ds4_header(&args[1..]),
         Some("fill") => fill(&args[1..]),
         Some("check") => check(&args[1..]),
         _ => Err(USAGE.to_string()),
@@ -62,6 +73,7 @@ fn main() {
 
 const USAGE: &str = "usage:
   synth_gguf header PART OUT.header.gguf [--name NAME]
+  synth_gguf ds4-flash TOKENIZER.gguf OUT.header.gguf [--experts q2|q4]
   synth_gguf fill HEADER OUT.gguf [--layers N] [--seed S] [--threads T]
   synth_gguf check FILE.gguf [--forward]";
 
@@ -298,6 +310,28 @@ fn header(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+fn ds4_header(args: &[String]) -> Result<()> {
+    let a = Args::parse(args, &[]);
+    a.check_known(&["experts"])?;
+    let (tokenizer, out) = (a.path(0)?, a.path(1)?);
+    let experts = ds4_flash::Experts::parse(a.get("experts")?.unwrap_or("q2"))?;
+    let mut layout = ds4_flash::layout(&tokenizer, experts)?;
+    let data = layout.place();
+    let bytes = layout.header_bytes();
+    write_file(&out, &bytes)?;
+    println!(
+        "{}: DeepSeek V4 Flash header ({experts:?} experts), {} bytes, {} tensors, {} metadata \
+         keys; the full file is {} bytes ({:.2} GiB of tensors)",
+        out.display(),
+        bytes.len(),
+        layout.tensors.len(),
+        layout.metadata.len(),
+        bytes.len() as u64 + data,
+        data as f64 / (1u64 << 30) as f64
+    );
+    Ok(())
+}
+
 /// wyrand: small and fast; one stream per chunk.
 struct Rng(u64);
 
@@ -348,6 +382,8 @@ fn scales(ty: GgmlType) -> Option<&'static [(usize, f32)]> {
         GgmlType::Q4_K => &[(0, 0.0003), (2, 0.00225)],
         GgmlType::Q5_K => &[(0, 0.00015), (2, 0.0023)],
         GgmlType::Q6_K => &[(208, 0.0001)],
+        // d * (0.5 + s) / 4 * grid (up to 43): values within about ±0.1.
+        GgmlType::IQ2_XXS => &[(0, 0.002)],
         _ => return None,
     })
 }
@@ -356,8 +392,8 @@ fn f16_bits(v: f32) -> [u8; 2] {
     half::f16::from_f32(v).to_le_bytes()
 }
 
-/// Fill `buf` (whole blocks of `ty`) for tensor `name`.
-fn fill_chunk(name: &str, ty: GgmlType, buf: &mut [u8], rng: &mut Rng) -> Result<()> {
+/// Fill `buf` (whole blocks of `ty`, from byte `start` of tensor `name`).
+fn fill_chunk(name: &str, ty: GgmlType, buf: &mut [u8], start: usize, rng: &mut Rng) -> Result<()> {
     // Norm weights near 1, everything else small and centred.
     let (centre, spread) = if name.ends_with("_norm.weight") {
         (1.0, 0.2)
@@ -380,6 +416,9 @@ fn fill_chunk(name: &str, ty: GgmlType, buf: &mut [u8], rng: &mut Rng) -> Result
                 let x = centre + spread * (2.0 * rng.unit() - 1.0);
                 v.copy_from_slice(&((x.to_bits() >> 16) as u16).to_le_bytes());
             }
+        }
+        GgmlType::I32 if ds4_flash::is_expert_table(name) => {
+            ds4_flash::fill_expert_table(buf, start as u64 / 4);
         }
         _ => {
             let fields = scales(ty)
@@ -426,9 +465,9 @@ fn fill(args: &[String]) -> Result<()> {
     let header = layout.header_bytes();
     let total = header.len() as u64 + data;
     for t in &layout.tensors {
-        if !matches!(t.ggml_type, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
-            && scales(t.ggml_type).is_none()
-        {
+        let known = matches!(t.ggml_type, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+            || (t.ggml_type == GgmlType::I32 && ds4_flash::is_expert_table(&t.name));
+        if !known && scales(t.ggml_type).is_none() {
             return Err(format!(
                 "{}: no generator for {} blocks",
                 t.name,
@@ -467,7 +506,7 @@ fn fill(args: &[String]) -> Result<()> {
                         };
                         let t = &layout.tensors[ti];
                         let mut rng = Rng::new(seed, ti, chunk);
-                        fill_chunk(&t.name, t.ggml_type, &mut buf[..len], &mut rng)?;
+                        fill_chunk(&t.name, t.ggml_type, &mut buf[..len], start, &mut rng)?;
                         file.write_all_at(&buf[..len], data_start + t.offset + start as u64)
                             .map_err(|e| format!("{}: {e}", out.display()))?;
                     }
