@@ -34,11 +34,11 @@ fi
 row "file bytes" "$(stat -c %s "$file")"
 
 "$bin/ds4-weight-server" --base "$file" --manifest /tmp/unused.json --backend vmm --dry-run >"$logs/dry-run.log" 2>&1
-row "dry-run on this GPU (exit)" "$? ($(grep -io 'fits[^.]*\|does not fit[^.]*' "$logs/dry-run.log" | head -1))"
+row "dry-run on this GPU (exit)" "$? ($(grep -o 'verdict.*' "$logs/dry-run.log" | head -1))"
 total_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1/1024)}')
 "$bin/ds4-weight-server" --base "$file" --manifest /tmp/unused.json --backend vmm --dry-run \
   --reserve-gb $(( total_gib - 60 )) >"$logs/dry-run-small.log" 2>&1
-row "dry-run, 60 GiB left for it (exit)" "$? ($(grep -io 'does not fit[^.]*\|fits[^.]*' "$logs/dry-run-small.log" | head -1))"
+row "dry-run, 60 GiB left for it (exit)" "$? ($(grep -o 'verdict.*' "$logs/dry-run-small.log" | head -1))"
 
 run="$(mktemp -d)"
 manifest="$run/weights.json"
