@@ -50,7 +50,7 @@ trap 'kill -9 $worker 2>/dev/null; kill -TERM $owner 2>/dev/null; wait; rm -rf "
 for _ in $(seq 1 6000); do [[ -e "$manifest" ]] && break; kill -0 $owner 2>/dev/null || break; sleep 0.1; done
 [[ -e "$manifest" ]] || { echo "owner did not publish its manifest" >&2; tail -20 "$logs/owner.log" >&2; exit 1; }
 row "owner load to manifest" "$(( ($(now_ms) - t0) / 1000 )) s"
-row "owner upload" "$(grep -o 'GB/s[^ ]*\|[0-9.]* GB/s' "$logs/owner.log" | tail -1)"
+row "owner log: weights uploaded" "$(grep -o 'bytes=[0-9]* load_s="[0-9.]*"' "$logs/owner.log" | tail -1)"
 row "GPU memory used after load" "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -1)"
 "$bin/ds4-weight-server" status --manifest "$manifest" >"$logs/status.txt" 2>&1
 
@@ -75,9 +75,9 @@ start_worker 18401 worker-1
 row "worker 1 (compiles kernels): start to healthy" "$(( $(now_ms) - t0 )) ms"
 answer="$(curl -s "http://127.0.0.1:18401/v1/chat/completions" -H 'content-type: application/json' -d "$body")"
 echo "$answer" >"$logs/answer-1.json"
-row "greedy 128 tokens: TTFT / decode tok/s" "$(python3 -c 'import json,sys; t=json.loads(sys.argv[1])["timings"]; print(f"{t[\"ttft_ms\"]:.0f} ms / {t[\"decode_tokens_per_s\"]:.1f}")' "$answer" 2>/dev/null || echo "failed: ${answer:0:300}")"
+row "greedy 128 tokens: TTFT / decode tok/s" "$(python3 -c 'import json,sys; t=json.loads(sys.argv[1])["timings"]; print("%.0f ms / %.1f" % (t["ttft_ms"], t["decode_tokens_per_s"]))' "$answer" 2>/dev/null || echo "failed: ${answer:0:300}")"
 answer="$(curl -s "http://127.0.0.1:18401/v1/chat/completions" -H 'content-type: application/json' -d "$body")"
-row "same again (warm): decode tok/s" "$(python3 -c 'import json,sys; t=json.loads(sys.argv[1])["timings"]; print(f"{t[\"decode_tokens_per_s\"]:.1f}")' "$answer" 2>/dev/null || echo failed)"
+row "same again (warm): decode tok/s" "$(python3 -c 'import json,sys; t=json.loads(sys.argv[1])["timings"]; print("%.1f" % t["decode_tokens_per_s"])' "$answer" 2>/dev/null || echo failed)"
 row "GPU memory used with a worker" "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -1)"
 kill -9 "$worker"; wait "$worker" 2>/dev/null
 start_worker 18402 worker-2
