@@ -44,6 +44,7 @@ fn spec_example_renders_byte_for_byte() {
         tools: &tools,
         messages: &msgs,
         thinking: Thinking::High,
+        reasoning_replay: true,
         add_generation_prompt: true,
     };
     assert_eq!(render(&conv, &ReplayMap::new()).unwrap(), want);
@@ -92,6 +93,7 @@ fn sampled_tool_call_is_replayed_exactly() {
         tools: &tools,
         messages: &msgs,
         thinking: Thinking::High,
+        reasoning_replay: true,
         add_generation_prompt: true,
     };
     assert_eq!(render(&conv, &replay).unwrap(), want);

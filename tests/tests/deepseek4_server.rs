@@ -54,6 +54,23 @@ fn tools_and_thinking_requests_are_accepted_and_answered() {
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
         r.json()["input_tokens"].as_u64().unwrap()
     };
+    // deepseek-chat answers without thinking, deepseek-reasoner thinks.
+    for (model, thinks) in [("deepseek-chat", false), ("deepseek-reasoner", true)] {
+        let v = post(
+            &server,
+            "/v1/chat/completions",
+            &format!(
+                r#"{{"model":"{model}","max_tokens":3,"temperature":0,"messages":[{{"role":"user","content":"Hi"}}]}}"#
+            ),
+        )
+        .json();
+        let reasoning = v["choices"][0]["message"]["reasoning_content"].as_str();
+        assert_eq!(
+            reasoning.is_some_and(|r| !r.is_empty()),
+            thinks,
+            "{model}: {v}"
+        );
+    }
     let plain = count("");
     let with_tools = count(&format!(
         r#","tools":[{{"name":"get_weather","description":"Weather of a city","input_schema":{PARAMETERS}}}]"#

@@ -298,7 +298,7 @@ async fn render(
     body: &[u8],
 ) -> Result<Rendered, ApiError> {
     let convo = conversation(req, body)?;
-    convo::render(&state.chat, convo, state.render_options()).await
+    convo::render(&state.chat, convo, state.render_options(&req.model)).await
 }
 
 /// The `count_tokens` answer.

@@ -282,6 +282,7 @@ pub(crate) mod testing {
                 tools: &tools,
                 messages: &messages,
                 thinking: Thinking::High,
+                reasoning_replay: true,
                 add_generation_prompt: true,
             },
             &dsml::ReplayMap::new(),
@@ -294,7 +295,7 @@ pub(crate) mod testing {
     /// The DeepSeek V4 prompt an API builds for `c`.
     pub fn api_prompt(c: &Conversation, replay: &ReplayStore) -> String {
         let thinking = c.thinking.unwrap_or(Thinking::High);
-        Ds4Chat::prompt(c, thinking, replay).unwrap()
+        Ds4Chat::prompt(c, thinking, replay, true).unwrap()
     }
 }
 
@@ -373,7 +374,7 @@ mod tests {
     fn bad_arguments_in_history_are_a_client_error() {
         let mut c = example(Some(SCHEMA));
         c.turns[2].calls[0].arguments = "[1]".into();
-        let e = Ds4Chat::prompt(&c, Thinking::High, &ReplayStore::default()).unwrap_err();
+        let e = Ds4Chat::prompt(&c, Thinking::High, &ReplayStore::default(), true).unwrap_err();
         let e = ApiError::from(ChatError::from(e));
         assert!(e.to_string().contains("not a JSON object"), "{e}");
     }

@@ -55,7 +55,7 @@ use openai_responses::ResponsesRequest;
 use crate::engine::EngineHandle;
 use crate::grammar::Grammars;
 use crate::sampler::SamplingParams;
-use ds4_model::chat::{Chat, RenderOptions, ReplayStore};
+use ds4_model::chat::{Chat, Levers, RenderOptions, ReplayStore, Thinking};
 pub use error::ApiError;
 pub use listen::ConnectionLimits;
 
@@ -63,7 +63,15 @@ pub use listen::ConnectionLimits;
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// Model names answered by the loaded model whatever its id.
-pub const ALIASES: &[&str] = &["default", "deepseek-v4-flash", "deepseek-v4-pro"];
+/// `deepseek-chat` runs without thinking and `deepseek-reasoner` with it,
+/// unless the request says otherwise (as DeepSeek's API names them).
+pub const ALIASES: &[&str] = &[
+    "default",
+    "deepseek-v4-flash",
+    "deepseek-v4-pro",
+    "deepseek-chat",
+    "deepseek-reasoner",
+];
 
 /// Server settings that shape the HTTP layer.
 #[derive(Clone, Debug)]
@@ -82,6 +90,8 @@ pub struct ServerOptions {
     /// Set while the weights come from an owner: `false` once the owner
     /// is found gone (the worker serves on from the imported memory).
     pub owner_alive: Option<Arc<AtomicBool>>,
+    /// Agent-loop levers of prompt rendering.
+    pub levers: Levers,
 }
 
 impl Default for ServerOptions {
@@ -93,6 +103,7 @@ impl Default for ServerOptions {
             allow_any_content_type: false,
             limits: ConnectionLimits::default(),
             owner_alive: None,
+            levers: Levers::default(),
         }
     }
 }
@@ -119,6 +130,7 @@ pub struct AppState {
     /// Structured output's grammar compiler (`None`: the vocabulary could
     /// not be read as a token trie; such requests get a 400).
     pub grammars: Option<Arc<Grammars>>,
+    pub levers: Levers,
 }
 
 impl AppState {
@@ -151,6 +163,7 @@ impl AppState {
             limits: opts.limits,
             owner_alive: opts.owner_alive,
             replay: Arc::new(ReplayStore::default()),
+            levers: opts.levers,
         }
     }
 
@@ -164,11 +177,19 @@ impl AppState {
         }
     }
 
-    /// What prompt rendering needs from the server.
-    pub fn render_options(&self) -> RenderOptions {
+    /// What prompt rendering needs from the server, for a request naming
+    /// `model` (the thinking aliases set the default thinking mode).
+    pub fn render_options(&self, model: &str) -> RenderOptions {
+        let mut levers = self.levers;
+        match model {
+            "deepseek-chat" => levers.default_thinking = Some(Thinking::Off),
+            "deepseek-reasoner" => levers.default_thinking = Some(Thinking::High),
+            _ => {}
+        }
         RenderOptions {
             ctx: self.ctx,
             replay: self.replay.clone(),
+            levers,
         }
     }
 

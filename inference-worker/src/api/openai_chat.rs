@@ -259,7 +259,7 @@ impl Surface for ChatRequest {
         )?;
         let stop = stop_list(self.stop.take())?;
         let convo = conversation(&mut self, &body)?;
-        let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
+        let rendered = convo::render(&state.chat, convo, state.render_options(&self.model)).await?;
         let logprobs = self
             .logprobs
             .then(|| self.top_logprobs.unwrap_or(0).min(20) as usize);

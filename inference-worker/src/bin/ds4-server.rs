@@ -12,6 +12,28 @@ use ds4_inference_worker::engine;
 use ds4_inference_worker::metrics::Metrics;
 use ds4_inference_worker::weights::{explicit_model, WeightsArgs};
 use ds4_kernels::Backend;
+use ds4_model::chat::{Levers, Thinking};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Replay {
+    Keep,
+    Drop,
+}
+
+fn parse_effort(s: &str) -> Result<Thinking, String> {
+    match s {
+        "off" => Ok(Thinking::Off),
+        "low" | "high" => Ok(Thinking::High),
+        "max" => Ok(Thinking::Max),
+        _ => Err("expected off, low, high or max".into()),
+    }
+}
 
 /// Serve a GGUF model over HTTP: POST /v1/chat/completions, /v1/completions,
 /// /v1/responses, /v1/messages; GET /v1/models, /health, /metrics, /v1/stats.
@@ -54,6 +76,30 @@ struct Cli {
     /// preflight.
     #[arg(long, env = "DS4_ALLOW_ANY_CONTENT_TYPE")]
     allow_any_content_type: bool,
+    /// Tool-call reminder: past about 96 KB of conversation, each tool
+    /// result ends with a short, byte-stable reminder of the family's
+    /// call syntax (so deep agent loops keep calling tools). Earlier
+    /// results render the same as the conversation grows: prefix reuse
+    /// stays warm. Shallow conversations are never touched.
+    #[arg(long, env = "DS4_TOOL_CALL_REMINDER", value_enum, default_value = "on")]
+    tool_call_reminder: OnOff,
+    /// Whether earlier assistant reasoning sent back in history is
+    /// rendered again (keep: the reference format; drop: shorter prompts,
+    /// but the history's bytes change once a turn is no longer the last,
+    /// which costs prefix reuse there). The turn being continued always
+    /// keeps its reasoning.
+    #[arg(long, env = "DS4_REASONING_REPLAY", value_enum, default_value = "keep")]
+    reasoning_replay: Replay,
+    /// The thinking mode of requests that name no effort: off, low, high
+    /// or max, honoured as written (default: the family's, high).
+    #[arg(long, env = "DS4_REASONING_EFFORT", value_parser = parse_effort)]
+    reasoning_effort: Option<Thinking>,
+    /// Let a client's `max` effort select DeepSeek V4's native Think Max
+    /// tier (its preamble degraded deep-context tool calling in the
+    /// reference engine's measurements); by default a client's high,
+    /// xhigh and max all mean the prefix-free thinking level.
+    #[arg(long, env = "DS4_REASONING_EFFORT_NATIVE")]
+    reasoning_effort_native: bool,
     /// Seconds a client has to send a complete request head: from the
     /// connect for the first request, from its first byte for the next
     /// ones on a kept-alive connection. Then the connection is closed.
@@ -192,6 +238,12 @@ where
                 }),
         },
         owner_alive: weights.as_ref().map(|w| w.owner_alive_flag()),
+        levers: Levers {
+            tool_reminder: cli.tool_call_reminder == OnOff::On,
+            reasoning_replay: cli.reasoning_replay == Replay::Keep,
+            effort_native: cli.reasoning_effort_native,
+            default_thinking: cli.reasoning_effort,
+        },
     };
     let state = Arc::new(AppState::new(handle, chat, model_id, ctx, opts));
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -242,6 +242,11 @@ fn render_options(cli: &Cli) -> RenderOptions {
     RenderOptions {
         ctx: cli.ctx,
         replay: Arc::new(ReplayStore::default()),
+        // The effort asked on the command line is honoured as written.
+        levers: ds4_model::chat::Levers {
+            effort_native: true,
+            ..Default::default()
+        },
     }
 }
 

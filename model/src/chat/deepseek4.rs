@@ -76,6 +76,9 @@ pub struct Transcript<'a> {
     pub tools: &'a [String],
     pub messages: &'a [Message],
     pub thinking: Thinking,
+    /// Render earlier assistant reasoning in tool-using history (the
+    /// reference format); the turn being continued keeps it regardless.
+    pub reasoning_replay: bool,
     /// Open the model's next turn after the last message.
     pub add_generation_prompt: bool,
 }
@@ -120,6 +123,10 @@ pub fn render(conv: &Transcript<'_>, replay: &ReplayMap) -> Result<String, DsmlE
         .messages
         .iter()
         .rposition(|m| matches!(m, Message::User(_) | Message::Tool { .. }));
+    let last_user = conv
+        .messages
+        .iter()
+        .rposition(|m| matches!(m, Message::User(_)));
     let mut in_results = false;
     for (i, m) in conv.messages.iter().enumerate() {
         let was_results = std::mem::replace(&mut in_results, matches!(m, Message::Tool { .. }));
@@ -143,8 +150,13 @@ pub fn render(conv: &Transcript<'_>, replay: &ReplayMap) -> Result<String, DsmlE
                 tool_calls,
             } => {
                 s.push_str(ASSISTANT);
+                // The turn being continued (since the last user message)
+                // keeps its reasoning; earlier turns of a tool-using
+                // conversation keep theirs unless replay is off.
+                let continued = last_user.is_none_or(|l| i > l);
                 let keep = conv.thinking != Thinking::Off
-                    && (uses_tools || last_input.is_none_or(|l| i > l));
+                    && ((uses_tools && (conv.reasoning_replay || continued))
+                        || last_input.is_none_or(|l| i > l));
                 if keep {
                     s.push_str(THINK_OPEN);
                     s.push_str(reasoning.as_deref().unwrap_or(""));
@@ -184,11 +196,13 @@ pub struct Ds4Chat;
 
 impl Ds4Chat {
     /// The prompt text for `c` at `thinking`; calls whose ids `replay`
-    /// knows are written with their sampled bytes.
+    /// knows are written with their sampled bytes; earlier reasoning as
+    /// `reasoning_replay` says.
     pub fn prompt(
         c: &Conversation,
         thinking: Thinking,
         replay: &super::ReplayStore,
+        reasoning_replay: bool,
     ) -> Result<String, DsmlError> {
         let schemas: Vec<String> = c.offered().map(|t| t.function_json()).collect();
         let messages: Vec<Message> = c
@@ -229,6 +243,7 @@ impl Ds4Chat {
                 tools: &schemas,
                 messages: &messages,
                 thinking,
+                reasoning_replay,
                 add_generation_prompt: true,
             },
             &map,
@@ -236,10 +251,18 @@ impl Ds4Chat {
     }
 }
 
+/// Appended to deep tool results (the tool-call reminder lever).
+pub const TOOL_REMINDER: &str = "\n\n(Reminder: to call a tool, write a <｜DSML｜tool_calls> block as the Tools section shows.)";
+
 impl ChatProtocol for Ds4Chat {
+    fn tool_reminder(&self) -> Option<&'static str> {
+        Some(TOOL_REMINDER)
+    }
+
     fn render(&self, c: &Conversation, opts: &RenderOptions) -> Result<PromptText, ChatError> {
-        let thinking = thinking_for_context(c.thinking.unwrap_or(Thinking::High), opts.ctx);
-        let text = Ds4Chat::prompt(c, thinking, &opts.replay)?;
+        let requested = opts.levers.thinking(c.thinking).unwrap_or(Thinking::High);
+        let thinking = thinking_for_context(requested, opts.ctx);
+        let text = Ds4Chat::prompt(c, thinking, &opts.replay, opts.levers.reasoning_replay)?;
         let tools = c.tools_active().then(|| ToolParsing {
             names: c.offered().map(|t| t.name.clone()).collect(),
             forced: String::new(),
@@ -276,6 +299,7 @@ mod tests {
             tools: &[],
             messages: &msgs,
             thinking,
+            reasoning_replay: true,
             add_generation_prompt: true,
         };
         let r = ReplayMap::new();
@@ -310,6 +334,7 @@ mod tests {
             tools: &[],
             messages: &msgs,
             thinking: Thinking::High,
+            reasoning_replay: true,
             add_generation_prompt: true,
         };
         assert_eq!(
@@ -334,6 +359,7 @@ mod tests {
             tools: &[],
             messages: &msgs,
             thinking: Thinking::Off,
+            reasoning_replay: true,
             add_generation_prompt: false,
         };
         assert_eq!(

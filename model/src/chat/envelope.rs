@@ -21,6 +21,8 @@ pub const CALL_OPEN: &str = "<tool_call>";
 pub const CALL_CLOSE: &str = "</tool_call>";
 pub const RESPONSE_OPEN: &str = "<tool_response>";
 pub const RESPONSE_CLOSE: &str = "</tool_response>";
+/// Appended to deep tool results (the tool-call reminder lever).
+pub const TOOL_REMINDER: &str = "\n\n(Reminder: to call a tool, answer with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.)";
 
 /// The system text that describes `tools` and the call envelope.
 pub fn system_prompt(tools: &[ToolSpec], choice: &ToolChoice) -> String {

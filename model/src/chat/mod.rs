@@ -14,7 +14,9 @@
 //!   (delimiters), [`tool_stream`] (either tool syntax, parsed by
 //!   [`envelope_parser`] or [`dsml`]) and [`replay`] (sampled call bytes
 //!   kept for exact replay of history);
-//! - holding calls to their syntax and schemas: [`call_grammar`].
+//! - holding calls to their syntax and schemas: [`call_grammar`];
+//! - the operator's agent-loop levers (tool-call reminders, reasoning
+//!   replay, effort mapping): [`levers`].
 
 pub mod answer;
 pub mod call_grammar;
@@ -25,6 +27,7 @@ pub mod dsml;
 pub mod envelope;
 pub mod envelope_parser;
 mod jinja;
+pub mod levers;
 pub mod protocol;
 pub mod reasoning;
 pub mod replay;
@@ -37,6 +40,7 @@ pub use chat_template::{ChatMessage, ChatTemplate, RenderInput, CHAT_TEMPLATE_KE
 pub use conversation::{
     new_call_id, Conversation, Role, Thinking, ToolCall, ToolChoice, ToolSpec, Turn,
 };
+pub use levers::Levers;
 pub use protocol::{
     AnswerFormat, Chat, ChatError, ChatProtocol, PromptText, RenderOptions, Rendered, ToolParsing,
 };

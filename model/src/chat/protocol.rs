@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::call_grammar::CallGrammar;
 use super::conversation::{Conversation, ToolChoice};
 use super::dsml::DsmlError;
+use super::levers::{self, Levers};
 use super::reasoning::Delimiters;
 use super::replay::ReplayStore;
 use super::tool_stream::ToolProtocol;
@@ -52,6 +53,8 @@ pub struct RenderOptions {
     pub ctx: usize,
     /// Sampled tool-call bytes by call id.
     pub replay: Arc<ReplayStore>,
+    /// The operator's agent-loop levers.
+    pub levers: Levers,
 }
 
 /// How to find tool calls in an answer.
@@ -100,6 +103,12 @@ pub trait ChatProtocol: Send + Sync + std::fmt::Debug {
     fn can_chat(&self) -> bool {
         true
     }
+
+    /// The text deep tool results end with when the tool-call reminder
+    /// is on ([`super::levers`]): the family's call syntax, byte-stable.
+    fn tool_reminder(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// A loaded model's chat layer: its protocol and tokenizer.
@@ -138,6 +147,16 @@ impl Chat {
             ToolChoice::Required if c.tools.is_empty() => return Err(ChatError::NoTools),
             _ => {}
         }
+        let reminded;
+        let c = match self.protocol.tool_reminder() {
+            Some(r) if opts.levers.tool_reminder && c.tools_active() => {
+                let mut deep = c.clone();
+                levers::remind_tool_results(&mut deep, r);
+                reminded = deep;
+                &reminded
+            }
+            _ => c,
+        };
         let p = self.protocol.render(c, opts)?;
         let tokens = self.tokenizer.encode_with(&p.text, true, p.add_bos)?;
         Ok(Rendered {

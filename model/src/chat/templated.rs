@@ -40,6 +40,10 @@ impl ChatProtocol for TemplateChat {
         self.template.is_some()
     }
 
+    fn tool_reminder(&self) -> Option<&'static str> {
+        Some(envelope::TOOL_REMINDER)
+    }
+
     fn render(&self, c: &Conversation, _opts: &RenderOptions) -> Result<PromptText, ChatError> {
         let template = self.template.as_ref().ok_or(ChatError::NoTemplate)?;
         let tools = c.tools_active();

@@ -292,7 +292,7 @@ impl Surface for ResponsesRequest {
         let sampling = self.sampling.params()?;
         let tool_choice = choice(&self);
         let convo = conversation(&mut self, &body)?;
-        let rendered = convo::render(&state.chat, convo, state.render_options()).await?;
+        let rendered = convo::render(&state.chat, convo, state.render_options(&self.model)).await?;
         let constraint = structured::compile(&state, spec, &rendered.answer).await?;
         let job = Job {
             prompt: rendered.tokens,
