@@ -34,6 +34,10 @@ pub struct Metrics {
     pub connections_open: Gauge,
     pub connections_closed: Family<Labels, Counter>,
     pub accept_errors: Counter,
+    /// Tools-armed turns that ended with `stop` and no tool call.
+    pub tool_slips: Counter,
+    /// Those drawn once more (`--tool-slip-resample`).
+    pub tool_slip_resamples: Counter,
     /// All requests counted by [`Metrics::request`] (families cannot be
     /// summed without iterating them).
     requests_total: AtomicU64,
@@ -67,6 +71,8 @@ impl Metrics {
             connections_open: Gauge::default(),
             connections_closed: Family::default(),
             accept_errors: Counter::default(),
+            tool_slips: Counter::default(),
+            tool_slip_resamples: Counter::default(),
             registry: Registry::default(),
             requests_total: AtomicU64::new(0),
         };
@@ -75,6 +81,16 @@ impl Metrics {
             "requests",
             "Finished HTTP requests by API surface and outcome",
             m.requests.clone(),
+        );
+        r.register(
+            "tool_slips",
+            "Tools-armed turns that ended with stop and no tool call",
+            m.tool_slips.clone(),
+        );
+        r.register(
+            "tool_slip_resamples",
+            "Tool slips drawn once more before the client saw them (--tool-slip-resample)",
+            m.tool_slip_resamples.clone(),
         );
         r.register(
             "refusals",

@@ -13,6 +13,7 @@ use super::convo::{self, FunctionDef, TextOr, ThinkingConfig, ToolShape};
 use super::fields::ToolName;
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::structured::{self, OutputFormat};
+use super::tool_slip;
 use super::{ApiError, AppState, Reply, SamplingFields, Surface};
 use crate::generate::FinishReason;
 use ds4_model::chat::{new_call_id, Conversation, Rendered, Role, ToolCall, ToolChoice, Turn};
@@ -370,6 +371,7 @@ impl Surface for MessagesRequest {
             id_prefix: "toolu_",
             constraint,
         };
+        let retry = tool_slip::Retry::new(&state, &job, &body);
         let run = run::start(&state, job)?;
         let id = new_call_id("msg_");
         let model = state.model_id.clone();
@@ -383,7 +385,7 @@ impl Surface for MessagesRequest {
             };
             return Ok(Reply::stream::<Self>(&state, run, shape));
         }
-        let (c, f) = run::collect(run).await?;
+        let (c, f) = tool_slip::collect(&state, run, retry).await?;
         let content = blocks(c);
         let (stop_reason, stop_sequence) = stop_reason(&f);
         Ok(Reply::Json(

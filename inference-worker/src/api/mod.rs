@@ -30,6 +30,7 @@ mod openai_responses;
 mod run;
 mod stats;
 mod structured;
+mod tool_slip;
 mod trace;
 
 use std::future::Future;
@@ -58,6 +59,7 @@ use crate::sampler::SamplingParams;
 use ds4_model::chat::{Chat, Levers, RenderOptions, ReplayStore, Thinking};
 pub use error::ApiError;
 pub use listen::ConnectionLimits;
+pub use tool_slip::SlipOptions;
 
 /// Default largest request body (a long agent conversation fits easily).
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -92,6 +94,8 @@ pub struct ServerOptions {
     pub owner_alive: Option<Arc<AtomicBool>>,
     /// Agent-loop levers of prompt rendering.
     pub levers: Levers,
+    /// Tool-slip resampling and dumps.
+    pub slips: SlipOptions,
 }
 
 impl Default for ServerOptions {
@@ -104,6 +108,7 @@ impl Default for ServerOptions {
             limits: ConnectionLimits::default(),
             owner_alive: None,
             levers: Levers::default(),
+            slips: SlipOptions::default(),
         }
     }
 }
@@ -131,6 +136,7 @@ pub struct AppState {
     /// not be read as a token trie; such requests get a 400).
     pub grammars: Option<Arc<Grammars>>,
     pub levers: Levers,
+    pub slips: SlipOptions,
 }
 
 impl AppState {
@@ -164,6 +170,7 @@ impl AppState {
             owner_alive: opts.owner_alive,
             replay: Arc::new(ReplayStore::default()),
             levers: opts.levers,
+            slips: opts.slips,
         }
     }
 

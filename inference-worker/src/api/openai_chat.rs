@@ -11,6 +11,7 @@ use super::convo::{self, FunctionDef, TextOr, ThinkingConfig, ToolShape};
 use super::fields::{penalize, LogitBias, Metadata, Penalty};
 use super::run::{self, Delta, Finish, Frame, Job, Shape, TimingsOut};
 use super::structured::{self, ResponseFormat, WireGrammar};
+use super::tool_slip;
 use super::{one_choice, stop_list, ApiError, AppState, Reply, SamplingFields, Stop, Surface};
 use crate::generate::{FinishReason, TokenLogprobs};
 use ds4_model::chat::{
@@ -275,6 +276,7 @@ impl Surface for ChatRequest {
             id_prefix: "call_",
             constraint,
         };
+        let retry = tool_slip::Retry::new(&state, &job, &body);
         let run = run::start(&state, job)?;
         let id = new_call_id("chatcmpl-");
         let created = super::unix_now();
@@ -288,7 +290,7 @@ impl Surface for ChatRequest {
             };
             return Ok(Reply::stream::<Self>(&state, run, shape));
         }
-        let (c, f) = run::collect(run).await?;
+        let (c, f) = tool_slip::collect(&state, run, retry).await?;
         let logprobs = logprobs.map(|_| LogprobsOut {
             content: c
                 .tokens

@@ -21,7 +21,7 @@ use crate::sampler::SamplingParams;
 use ds4_model::chat::{AnswerEvent, AnswerFormat, AnswerParser, ToolCall};
 
 /// A request ready for the engine.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Job {
     pub prompt: Vec<u32>,
     pub max_tokens: Option<u32>,

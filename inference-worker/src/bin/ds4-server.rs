@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use ds4_inference_worker::api::{listen, AppState, ConnectionLimits, ServerOptions};
+use ds4_inference_worker::api::{listen, AppState, ConnectionLimits, ServerOptions, SlipOptions};
 use ds4_inference_worker::cli::{error_line, init_logging, Device, ModelArgs};
 use ds4_inference_worker::engine;
 use ds4_inference_worker::metrics::Metrics;
@@ -100,6 +100,17 @@ struct Cli {
     /// xhigh and max all mean the prefix-free thinking level.
     #[arg(long, env = "DS4_REASONING_EFFORT_NATIVE")]
     reasoning_effort_native: bool,
+    /// Draw a tools-armed JSON answer that ended with stop and no tool call
+    /// once more before the client sees it (the prompt is unchanged, so the
+    /// second draw reuses its cached prefix; counted in
+    /// ds4_tool_slip_resamples_total). Streams are never redrawn.
+    #[arg(long, env = "DS4_TOOL_SLIP_RESAMPLE")]
+    tool_slip_resample: bool,
+    /// Write every tools-armed JSON answer that ended without a tool call to
+    /// one JSON file in DIR (request body, generated text and reasoning,
+    /// verdict). The files hold the clients' requests: mind who can read DIR.
+    #[arg(long, env = "DS4_TOOL_SLIP_DUMP", value_name = "DIR")]
+    tool_slip_dump: Option<std::path::PathBuf>,
     /// Seconds a client has to send a complete request head: from the
     /// connect for the first request, from its first byte for the next
     /// ones on a kept-alive connection. Then the connection is closed.
@@ -243,6 +254,10 @@ where
             reasoning_replay: cli.reasoning_replay == Replay::Keep,
             effort_native: cli.reasoning_effort_native,
             default_thinking: cli.reasoning_effort,
+        },
+        slips: SlipOptions {
+            resample: cli.tool_slip_resample,
+            dump_dir: cli.tool_slip_dump.clone(),
         },
     };
     let state = Arc::new(AppState::new(handle, chat, model_id, ctx, opts));

@@ -20,6 +20,7 @@ use super::fields::Metadata;
 use super::openai_chat::WireToolChoice;
 use super::run::{self, Job};
 use super::structured::{self, TextFormat};
+use super::tool_slip;
 use super::{ApiError, AppState, Reply, SamplingFields, Surface};
 use ds4_model::chat::{new_call_id, Conversation, Role, ToolCall, ToolChoice, Turn};
 use output::{output_items, Meta, ResponsesStream};
@@ -304,6 +305,7 @@ impl Surface for ResponsesRequest {
             id_prefix: "call_",
             constraint,
         };
+        let retry = tool_slip::Retry::new(&state, &job, &body);
         let run = run::start(&state, job)?;
         let meta = Meta {
             id: new_call_id("resp_"),
@@ -326,7 +328,7 @@ impl Surface for ResponsesRequest {
             let shape = ResponsesStream::new(meta);
             return Ok(Reply::stream::<Self>(&state, run, shape));
         }
-        let (c, f) = run::collect(run).await?;
+        let (c, f) = tool_slip::collect(&state, run, retry).await?;
         Ok(Reply::Json(
             Json(meta.response(&f, output_items(c))).into_response(),
         ))
