@@ -189,9 +189,10 @@ def test_errors_use_the_openai_envelope(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="", input="hi", store=True)
     check_error(e, 400, "full input")
-    with pytest.raises(openai.BadRequestError) as e:
+    # A response this server does not hold cannot be continued.
+    with pytest.raises(openai.ConflictError) as e:
         client.responses.create(model="", input="hi", previous_response_id="resp_1")
-    check_error(e, 400, "resend the full input")
+    check_error(e, 409, "send the whole conversation")
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="", prompt="hi", n=3)
     check_error(e, 400, "n = 1")

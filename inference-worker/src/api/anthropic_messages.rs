@@ -116,6 +116,8 @@ pub enum ContentBlock {
     },
     ToolResult {
         #[serde(default)]
+        tool_use_id: Option<String>,
+        #[serde(default)]
         content: Option<ToolResultContent>,
     },
     /// Earlier thinking, for families that keep it.
@@ -259,7 +261,7 @@ fn conversation(req: &MessagesRequest, body: &[u8]) -> Result<Conversation, ApiE
                             .map_or_else(|| "{}".to_string(), Value::to_string),
                     },
                 ),
-                ContentBlock::ToolResult { content } => {
+                ContentBlock::ToolResult { content, .. } => {
                     c.turns.push(Turn::new(Role::Tool, result_text(content)));
                 }
                 ContentBlock::Thinking { thinking } if role == Role::Assistant => {
@@ -297,9 +299,39 @@ async fn render(
     state: &AppState,
     req: &MessagesRequest,
     body: &[u8],
-) -> Result<Rendered, ApiError> {
-    let convo = conversation(req, body)?;
-    convo::render(&state.chat, convo, state.render_options(&req.model)).await
+) -> Result<(Rendered, Conversation), ApiError> {
+    let mut convo = conversation(req, body)?;
+    if let Some(answered) = output_only(req) {
+        convo = state
+            .continuations
+            .resume(&answered[0], &answered, convo, "messages")?;
+    }
+    let kept = convo.clone();
+    let rendered = convo::render(&state.chat, convo, state.render_options(&req.model)).await?;
+    Ok((rendered, kept))
+}
+
+/// The calls an output-only follow-up answers: a request with no
+/// assistant turn whose first message holds only `tool_result` blocks.
+fn output_only(req: &MessagesRequest) -> Option<Vec<String>> {
+    if req
+        .messages
+        .iter()
+        .any(|m| matches!(m.role, WireRole::Assistant))
+    {
+        return None;
+    }
+    let TextOr::List(blocks) = &req.messages.first()?.content else {
+        return None;
+    };
+    let ids: Option<Vec<String>> = blocks
+        .iter()
+        .map(|b| match b {
+            ContentBlock::ToolResult { tool_use_id, .. } => Some(tool_use_id.clone()?),
+            _ => None,
+        })
+        .collect();
+    ids.filter(|ids| !ids.is_empty())
 }
 
 /// The `count_tokens` answer.
@@ -322,7 +354,7 @@ impl Surface for CountTokensRequest {
 
     /// `POST /v1/messages/count_tokens`: the prompt's length.
     async fn answer(self, state: Arc<AppState>, body: Bytes) -> Result<Reply, ApiError> {
-        let rendered = render(&state, &self.0, &body).await?;
+        let (rendered, _) = render(&state, &self.0, &body).await?;
         let count = TokenCount {
             input_tokens: rendered.tokens.len(),
         };
@@ -353,7 +385,7 @@ impl Surface for MessagesRequest {
                 "stop_sequences",
             ));
         }
-        let rendered = render(&state, &self, &body).await?;
+        let (rendered, kept) = render(&state, &self, &body).await?;
         let prompt_tokens = rendered.tokens.len();
         let spec = self
             .output_config
@@ -372,7 +404,9 @@ impl Surface for MessagesRequest {
             constraint,
         };
         let retry = tool_slip::Retry::new(&state, &job, &body);
-        let run = run::start(&state, job)?;
+        let mut run = run::start(&state, job)?;
+        let keeper = state.clone();
+        run.on_done(move |c, _| keeper.continuations.remember(kept, &c, None));
         let id = new_call_id("msg_");
         let model = state.model_id.clone();
         if self.stream {

@@ -50,6 +50,14 @@ pub enum ApiError {
     },
     #[error("no route for {0}")]
     NotFound(String),
+    /// A follow-up that names earlier state this server does not hold
+    /// (or not as the request says): the client should send the whole
+    /// history.
+    #[error("{message}")]
+    Conflict {
+        message: String,
+        param: &'static str,
+    },
     #[error("missing or wrong API key: send Authorization: Bearer KEY or x-api-key: KEY")]
     Unauthorized,
     #[error("internal error: {0}")]
@@ -150,6 +158,12 @@ impl ApiError {
                 None,
                 Some("not_found"),
             ),
+            ApiError::Conflict { param, .. } => (
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                Some(param),
+                Some("continuation_unavailable"),
+            ),
             ApiError::Unauthorized => (
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
@@ -181,6 +195,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Busy { reason, .. } => reason,
             ApiError::NotFound(_) => "not_found",
+            ApiError::Conflict { .. } => "continuation_unavailable",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Internal(_) => "internal",
         }
@@ -206,7 +221,8 @@ impl ApiError {
             | ApiError::ContextLength { .. }
             | ApiError::BodyTimeout { .. }
             | ApiError::UnsupportedMediaType { .. }
-            | ApiError::MethodNotAllowed { .. } => "invalid_request_error",
+            | ApiError::MethodNotAllowed { .. }
+            | ApiError::Conflict { .. } => "invalid_request_error",
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => "not_found_error",
             ApiError::TooLarge { .. } => "request_too_large",
             ApiError::Busy { .. } => "overloaded_error",

@@ -19,6 +19,7 @@
 //! envelope of the path's API.
 
 mod anthropic_messages;
+mod continuation;
 mod convo;
 mod error;
 mod fields;
@@ -137,6 +138,9 @@ pub struct AppState {
     pub grammars: Option<Arc<Grammars>>,
     pub levers: Levers,
     pub slips: SlipOptions,
+    /// Conversations that ended with tool calls, for output-only
+    /// follow-ups.
+    pub continuations: continuation::Registry,
 }
 
 impl AppState {
@@ -171,6 +175,7 @@ impl AppState {
             replay: Arc::new(ReplayStore::default()),
             levers: opts.levers,
             slips: opts.slips,
+            continuations: continuation::Registry::default(),
         }
     }
 

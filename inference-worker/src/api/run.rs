@@ -124,6 +124,9 @@ pub enum Step {
     Failed(ApiError),
 }
 
+/// What a run produced so far, and what to do with it at its end.
+type Recording = (Collected, Box<dyn FnOnce(Collected, &Finish) + Send>);
+
 /// A request running on the engine. Dropping it cancels the generation.
 pub struct Run {
     rx: mpsc::UnboundedReceiver<Event>,
@@ -131,6 +134,7 @@ pub struct Run {
     /// The end, held while the last text goes out.
     pending: Option<Finish>,
     done: bool,
+    record: Option<Recording>,
 }
 
 /// Check `job` against the context and queue it.
@@ -178,12 +182,39 @@ impl Run {
             answer: AnswerParser::new(answer, id_prefix),
             pending: None,
             done: false,
+            record: None,
         }
+    }
+
+    /// Hand everything the run produced to `then` when it ends (streamed
+    /// or collected; not when it fails or is dropped). A call the token
+    /// limit cut short is left out.
+    pub fn on_done(&mut self, then: impl FnOnce(Collected, &Finish) + Send + 'static) {
+        self.record = Some((Collected::default(), Box::new(then)));
     }
 
     /// The next step; cancel-safe (nothing is lost if the future is
     /// dropped before it resolves).
     pub async fn next(&mut self) -> Step {
+        let step = self.step().await;
+        match &step {
+            Step::Deltas(ds) => {
+                if let Some((c, _)) = &mut self.record {
+                    ds.iter().for_each(|d| c.add(d.clone()));
+                }
+            }
+            Step::Done(f) => {
+                if let Some((mut c, then)) = self.record.take() {
+                    c.calls.truncate(f.calls);
+                    then(c, f);
+                }
+            }
+            Step::Failed(_) => {}
+        }
+        step
+    }
+
+    async fn step(&mut self) -> Step {
         if let Some(f) = self.pending.take() {
             self.done = true;
             return Step::Done(f);
@@ -243,31 +274,33 @@ pub struct Collected {
     pub tokens: Vec<(u32, Option<TokenLogprobs>)>,
 }
 
+impl Collected {
+    fn add(&mut self, d: Delta) {
+        match d {
+            Delta::Token { id, logprobs } => self.tokens.push((id, logprobs)),
+            Delta::Reasoning(r) => self.reasoning.push_str(&r),
+            Delta::Text(t) => self.text.push_str(&t),
+            Delta::CallStart { id, name, .. } => self.calls.push(ToolCall {
+                id,
+                name,
+                arguments: String::new(),
+            }),
+            Delta::CallArgs { index, delta } => {
+                if let Some(call) = self.calls.get_mut(index) {
+                    call.arguments.push_str(&delta);
+                }
+            }
+            Delta::CallEnd => {}
+        }
+    }
+}
+
 /// Run to the end.
 pub async fn collect(mut run: Run) -> Result<(Collected, Finish), ApiError> {
     let mut c = Collected::default();
     loop {
         match run.next().await {
-            Step::Deltas(ds) => {
-                for d in ds {
-                    match d {
-                        Delta::Token { id, logprobs } => c.tokens.push((id, logprobs)),
-                        Delta::Reasoning(r) => c.reasoning.push_str(&r),
-                        Delta::Text(t) => c.text.push_str(&t),
-                        Delta::CallStart { id, name, .. } => c.calls.push(ToolCall {
-                            id,
-                            name,
-                            arguments: String::new(),
-                        }),
-                        Delta::CallArgs { index, delta } => {
-                            if let Some(call) = c.calls.get_mut(index) {
-                                call.arguments.push_str(&delta);
-                            }
-                        }
-                        Delta::CallEnd => {}
-                    }
-                }
-            }
+            Step::Deltas(ds) => ds.into_iter().for_each(|d| c.add(d)),
             Step::Done(f) => {
                 // A call the token limit cut short has arguments no client
                 // can run: a JSON answer leaves it out (a stream has sent

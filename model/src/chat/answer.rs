@@ -236,6 +236,27 @@ mod tests {
         );
         assert_eq!(calls, 0);
         assert!(ev.contains(&AnswerEvent::CallEnd), "{ev:?}");
+        // So is a DSML call the limit cut inside its parameters; one that
+        // closed before the limit counts.
+        for (text, want) in [
+            ("<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"x\" string=\"true\">Par", 0),
+            ("<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"x\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n", 1),
+        ] {
+            let mut d = AnswerParser::new(
+                AnswerFormat {
+                    reasoning: None,
+                    tools: Some(ToolParsing {
+                        names: vec!["f".into()],
+                        forced: String::new(),
+                        protocol: ToolProtocol::Dsml,
+                        replay: None,
+                    }),
+                    calls: None,
+                },
+                "call_",
+            );
+            assert_eq!(run(&mut d, text).1, want, "{text}");
+        }
         // Without delimiters or tools every piece is answer text.
         let mut plain = AnswerParser::new(AnswerFormat::default(), "call_");
         let (ev, calls) = run(&mut plain, "<think>x");

@@ -54,6 +54,8 @@ pub enum ToolStream {
         open: bool,
         /// The block was malformed: the rest is passed through as text.
         failed: bool,
+        /// Generation ended inside a call.
+        cut: bool,
     },
 }
 
@@ -67,16 +69,18 @@ impl ToolStream {
                 parser: DsmlStreamParser::new(),
                 open: false,
                 failed: false,
+                cut: false,
             },
         }
     }
 
-    /// Whether generation ended inside a streamed call's arguments (the
-    /// call was ended by [`Self::finish`], not by the model).
+    /// Whether the last call was left unfinished: generation ended inside
+    /// its arguments, or (DSML) it turned malformed; the parser ended it,
+    /// not the model.
     pub fn cut_short(&self) -> bool {
         match self {
             ToolStream::Envelope(p) => p.cut_short(),
-            ToolStream::Dsml { .. } => false,
+            ToolStream::Dsml { cut, .. } => *cut,
         }
     }
 
@@ -95,12 +99,16 @@ impl ToolStream {
                 parser,
                 open,
                 failed,
+                cut,
             } => {
                 if *failed {
                     return text_event(text);
                 }
+                let was_open = *open;
                 let r = parser.push(text);
-                dsml(r, open, failed, text)
+                let out = dsml(r, open, failed, text);
+                *cut = was_open && *failed;
+                out
             }
         }
     }
@@ -113,12 +121,16 @@ impl ToolStream {
                 parser,
                 open,
                 failed,
+                cut,
             } => {
                 if *failed {
                     return Vec::new();
                 }
+                let was_open = *open;
                 let r = parser.finish();
-                dsml(r, open, failed, "")
+                let out = dsml(r, open, failed, "");
+                *cut = was_open && *failed;
+                out
             }
         }
     }

@@ -66,6 +66,8 @@ pub enum InputItem {
     },
     FunctionCallOutput {
         #[serde(default)]
+        call_id: Option<String>,
+        #[serde(default)]
         output: Option<TextOr<Part>>,
     },
     /// Earlier reasoning, for families that keep it.
@@ -173,6 +175,22 @@ pub struct TextConfig {
     pub format: Option<TextFormat>,
 }
 
+/// The call ids the leading `function_call_output` items answer.
+fn leading_outputs(req: &ResponsesRequest) -> Vec<String> {
+    match &req.input {
+        TextOr::List(items) => items
+            .iter()
+            .map_while(|InputElement(i)| match i {
+                InputItem::FunctionCallOutput { call_id, .. } => {
+                    Some(call_id.clone().unwrap_or_default())
+                }
+                _ => None,
+            })
+            .collect(),
+        TextOr::Text(_) => Vec::new(),
+    }
+}
+
 /// The text of a message's content or a call's output.
 fn text_of(content: Option<TextOr<Part>>) -> String {
     match content {
@@ -227,7 +245,7 @@ fn conversation(req: &mut ResponsesRequest, body: &[u8]) -> Result<Conversation,
                     arguments,
                 },
             ),
-            InputItem::FunctionCallOutput { output } => {
+            InputItem::FunctionCallOutput { output, .. } => {
                 c.turns.push(Turn::new(Role::Tool, text_of(output)));
             }
             InputItem::Reasoning { summary, content } => {
@@ -274,16 +292,6 @@ impl Surface for ResponsesRequest {
                 "store",
             ));
         }
-        if self
-            .previous_response_id
-            .as_deref()
-            .is_some_and(|s| !s.is_empty())
-        {
-            return Err(ApiError::bad(
-                "previous_response_id is not supported: this server keeps no responses; resend the full input instead",
-                "previous_response_id",
-            ));
-        }
         let spec = self
             .text
             .take()
@@ -292,7 +300,15 @@ impl Surface for ResponsesRequest {
             .map(|s| (s, "text.format"));
         let sampling = self.sampling.params()?;
         let tool_choice = choice(&self);
-        let convo = conversation(&mut self, &body)?;
+        let previous = self.previous_response_id.take().filter(|s| !s.is_empty());
+        let answered = leading_outputs(&self);
+        let mut convo = conversation(&mut self, &body)?;
+        if let Some(prev) = &previous {
+            convo = state
+                .continuations
+                .resume(prev, &answered, convo, "previous_response_id")?;
+        }
+        let kept = convo.clone();
         let rendered = convo::render(&state.chat, convo, state.render_options(&self.model)).await?;
         let constraint = structured::compile(&state, spec, &rendered.answer).await?;
         let job = Job {
@@ -306,9 +322,12 @@ impl Surface for ResponsesRequest {
             constraint,
         };
         let retry = tool_slip::Retry::new(&state, &job, &body);
-        let run = run::start(&state, job)?;
+        let mut run = run::start(&state, job)?;
+        let id = new_call_id("resp_");
+        let (keeper, key) = (state.clone(), id.clone());
+        run.on_done(move |c, _| keeper.continuations.remember(kept, &c, Some(&key)));
         let meta = Meta {
-            id: new_call_id("resp_"),
+            id,
             created_at: super::unix_now(),
             model: state.model_id.clone(),
             instructions: self.instructions,
