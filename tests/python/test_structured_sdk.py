@@ -198,6 +198,10 @@ ASK = "What will the weather be in Paris this week?"
 RUNS = 20
 # A small model may call again and again until the token limit: a call
 # cut short is left out of the answer. One run in two allows one call.
+# At temperature 1 it may also pad a call's JSON until the limit cuts it:
+# an answer without a call is accepted only when the limit ended it, and
+# only rarely.
+CUT_AT_MOST = 2
 
 
 def test_chat_forced_strict_calls_match_the_schema(oai):
@@ -215,15 +219,18 @@ def test_chat_forced_strict_calls_match_the_schema(oai):
             max_tokens=300,
         )
         calls = r.choices[0].message.tool_calls
-        assert calls, r
+        if not calls:
+            assert r.choices[0].finish_reason == "length", r
+            return 1
         if i % 4 >= 2:
             assert len(calls) == 1 and r.choices[0].finish_reason == "tool_calls", r
         for c in calls:
             assert c.function.name == "get_weather"
             jsonschema.validate(json.loads(c.function.arguments), WEATHER)
+        return 0
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(one, range(RUNS)))
+        assert sum(pool.map(one, range(RUNS))) <= CUT_AT_MOST
 
 
 def test_responses_forced_strict_calls_match_the_schema(oai):
@@ -240,14 +247,17 @@ def test_responses_forced_strict_calls_match_the_schema(oai):
             max_output_tokens=300,
         )
         calls = [o for o in r.output if o.type == "function_call"]
-        assert calls, r
+        if not calls:
+            assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens", r
+            return 1
         if i % 2:
             assert len(calls) == 1 and r.status == "completed", r
         for c in calls:
             jsonschema.validate(json.loads(c.arguments), WEATHER)
+        return 0
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(one, range(RUNS)))
+        assert sum(pool.map(one, range(RUNS))) <= CUT_AT_MOST
 
 
 def test_anthropic_forced_strict_calls_match_the_schema(claude):
@@ -266,11 +276,14 @@ def test_anthropic_forced_strict_calls_match_the_schema(claude):
             extra_body={"temperature": 1},
         )
         uses = [b for b in r.content if b.type == "tool_use"]
-        assert uses, r
+        if not uses:
+            assert r.stop_reason == "max_tokens", r
+            return 1
         if i % 4 == 3:
             assert r.stop_reason == "tool_use" and len(uses) == 1, r
         for u in uses:
             jsonschema.validate(u.input, WEATHER)
+        return 0
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(one, range(RUNS)))
+        assert sum(pool.map(one, range(RUNS))) <= CUT_AT_MOST
