@@ -37,6 +37,8 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=lib/synth-fill.sh
+. "$root/scripts/lib/synth-fill.sh"
 header_name=ds4-flash.header.gguf
 
 usage() { sed -n '2,36p' "$0" >&2; exit 2; }
@@ -60,23 +62,8 @@ prepare() {
     ls -l "$dir"
 }
 
-fill() {
-    local out="${1:?usage: $0 fill OUT.gguf [DIR] [-- FILL_OPTIONS]}"
-    shift
-    local dir="$root/.cache/synth-ds4-flash"
-    if [ $# -gt 0 ] && [ "$1" != "--" ]; then
-        dir="$1"
-        shift
-    fi
-    [ "${1:-}" = "--" ] && shift
-    [ -x "$dir/synth_gguf" ] && [ -f "$dir/$header_name" ] ||
-        { echo "$dir lacks synth_gguf or $header_name: run '$0 prepare' on the dev machine" >&2; exit 1; }
-    "$dir/synth_gguf" fill "$dir/$header_name" "$out" "$@"
-    "$dir/synth_gguf" check "$out"
-}
-
 case "${1:-}" in
     prepare) shift; prepare "$@" ;;
-    fill) shift; fill "$@" ;;
+    fill) shift; synth_fill "$root/.cache/synth-ds4-flash" "$header_name" "$@" ;;
     *) usage ;;
 esac

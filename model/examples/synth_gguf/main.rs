@@ -248,6 +248,15 @@ impl Layout {
             _ => MetaValue::U32(n as u32),
         };
         self.set(&key, value);
+        // DeepSeek V4: the hash-routed layers are among the kept ones.
+        let hash = format!("{arch}.hash_layer_count");
+        if self
+            .get(&hash)
+            .and_then(MetaValue::as_u64)
+            .is_some_and(|h| h > n)
+        {
+            self.set(&hash, MetaValue::U32(n as u32));
+        }
         self.tensors.retain(|t| {
             match t
                 .name

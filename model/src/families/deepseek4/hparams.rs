@@ -347,7 +347,8 @@ impl Ds4HParams {
 
     /// Every published DeepSeek V4 Flash value (spec table 0.1 / 1.3).
     /// Fewer than 43 blocks are accepted: the first blocks of the model,
-    /// with the same shapes (smaller files for performance runs).
+    /// with the same shapes (smaller files for performance runs), the
+    /// hash-routed ones among them.
     pub fn check_flash(&self) -> Result<(), ModelError> {
         if !(1..=43).contains(&self.n_layer) {
             return Err(bad(
@@ -368,7 +369,7 @@ impl Ds4HParams {
             ("expert_count", self.n_expert, 256),
             ("expert_used_count", self.n_expert_used, 6),
             ("expert_feed_forward_length", self.n_ff, 2048),
-            ("hash_layer_count", self.n_hash_layers, 3),
+            ("hash_layer_count", self.n_hash_layers, self.n_layer.min(3)),
             ("attention.sliding_window", self.window, 128),
             ("attention.indexer.head_count", self.idx_heads, 64),
             ("attention.indexer.key_length", self.idx_dim, 128),
