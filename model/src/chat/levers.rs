@@ -62,10 +62,10 @@ impl Levers {
     }
 }
 
-/// Append `reminder` to every tool result that comes after
-/// [`REMINDER_AFTER_BYTES`] of conversation text. Returns how many
-/// results carry it.
-pub fn remind_tool_results(c: &mut Conversation, reminder: &str) -> usize {
+/// The first turn that ends past [`REMINDER_AFTER_BYTES`] of
+/// conversation text (`None`: a shallow conversation). Every later turn
+/// is past it too.
+pub fn deep_from(c: &Conversation) -> Option<usize> {
     let mut seen: usize = c
         .tools
         .iter()
@@ -75,20 +75,22 @@ pub fn remind_tool_results(c: &mut Conversation, reminder: &str) -> usize {
                 .map_or(t.parameters.to_string().len(), String::len)
         })
         .sum();
-    let mut reminded = 0;
-    for t in &mut c.turns {
+    c.turns.iter().position(|t| {
         seen += t.text.len()
             + t.reasoning.as_ref().map_or(0, String::len)
             + t.calls
                 .iter()
                 .map(|c| c.name.len() + c.arguments.len())
                 .sum::<usize>();
-        if t.role == Role::Tool && seen > REMINDER_AFTER_BYTES {
-            t.text.push_str(reminder);
-            reminded += 1;
-        }
-    }
-    reminded
+        seen > REMINDER_AFTER_BYTES
+    })
+}
+
+/// Append `reminder` to every tool result from turn `from` on (see
+/// [`deep_from`]). Returns how many results carry it.
+pub fn remind_tool_results(c: &mut Conversation, from: usize, reminder: &str) -> usize {
+    let results = c.turns[from..].iter_mut().filter(|t| t.role == Role::Tool);
+    results.map(|t| t.text.push_str(reminder)).count()
 }
 
 #[cfg(test)]
@@ -137,8 +139,8 @@ mod tests {
     /// What the protocol renders once the reminder lever has run.
     fn prompt(c: &Conversation, levers: Levers) -> String {
         let mut c = c.clone();
-        if levers.tool_reminder {
-            remind_tool_results(&mut c, TOOL_REMINDER);
+        if let Some(from) = deep_from(&c).filter(|_| levers.tool_reminder) {
+            remind_tool_results(&mut c, from, TOOL_REMINDER);
         }
         Ds4Chat.render(&c, &opts(levers)).unwrap().text
     }
@@ -158,7 +160,8 @@ mod tests {
     fn deep_results_carry_the_reminder_and_earlier_bytes_stay() {
         // 30 KB results: the fourth crosses 96 KB.
         let mut c = tool_loop(6, 30_000);
-        assert_eq!(remind_tool_results(&mut c.clone(), TOOL_REMINDER), 3);
+        let from = deep_from(&c).unwrap();
+        assert_eq!(remind_tool_results(&mut c.clone(), from, TOOL_REMINDER), 3);
         let p = prompt(&c, Levers::default());
         assert_eq!(p.matches(TOOL_REMINDER).count(), 3);
         assert!(p.contains(&format!("{}</tool_result>", TOOL_REMINDER)));
@@ -171,7 +174,7 @@ mod tests {
             assert!(long.starts_with(&short[..open]), "round {rounds}");
         }
         c.turns.truncate(1);
-        assert_eq!(remind_tool_results(&mut c, TOOL_REMINDER), 0);
+        assert_eq!(deep_from(&c), None);
     }
 
     #[test]

@@ -147,15 +147,21 @@ impl Chat {
             ToolChoice::Required if c.tools.is_empty() => return Err(ChatError::NoTools),
             _ => {}
         }
+        // A deep conversation is copied to carry its reminders; a shallow
+        // one renders as it is.
         let reminded;
-        let c = match self.protocol.tool_reminder() {
-            Some(r) if opts.levers.tool_reminder && c.tools_active() => {
-                let mut deep = c.clone();
-                levers::remind_tool_results(&mut deep, r);
-                reminded = deep;
+        let remind = self
+            .protocol
+            .tool_reminder()
+            .filter(|_| opts.levers.tool_reminder && c.tools_active());
+        let c = match remind.and_then(|r| Some((r, levers::deep_from(c)?))) {
+            Some((r, from)) => {
+                let mut copy = c.clone();
+                levers::remind_tool_results(&mut copy, from, r);
+                reminded = copy;
                 &reminded
             }
-            _ => c,
+            None => c,
         };
         let p = self.protocol.render(c, opts)?;
         let tokens = self.tokenizer.encode_with(&p.text, true, p.add_bos)?;
