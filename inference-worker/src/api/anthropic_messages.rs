@@ -306,9 +306,7 @@ async fn render(
             .continuations
             .resume(&answered[0], &answered, convo, "messages")?;
     }
-    let kept = convo.clone();
-    let rendered = convo::render(&state.chat, convo, state.render_options(&req.model)).await?;
-    Ok((rendered, kept))
+    convo::render(&state.chat, convo, state.render_options(&req.model)).await
 }
 
 /// The calls an output-only follow-up answers: a request with no
@@ -403,10 +401,10 @@ impl Surface for MessagesRequest {
             id_prefix: "toolu_",
             constraint,
         };
-        let retry = tool_slip::Retry::new(&state, &job, &body);
+        let retry = tool_slip::Retry::new(&state, &job, &body, self.stream);
         let mut run = run::start(&state, job)?;
         let keeper = state.clone();
-        run.on_done(move |c, _| keeper.continuations.remember(kept, &c, None));
+        run.on_done(move |c, _| keeper.continuations.remember(kept, c, None));
         let id = new_call_id("msg_");
         let model = state.model_id.clone();
         if self.stream {

@@ -29,17 +29,17 @@ impl From<ChatError> for ApiError {
 }
 
 /// Render and tokenize `c` on a blocking thread (a long conversation
-/// takes milliseconds to tokenize).
+/// takes milliseconds to tokenize); `c` comes back with the prompt.
 pub async fn render(
     chat: &Chat,
     c: Conversation,
     opts: RenderOptions,
-) -> Result<Rendered, ApiError> {
+) -> Result<(Rendered, Conversation), ApiError> {
     let chat = chat.clone();
-    tokio::task::spawn_blocking(move || chat.render(&c, &opts))
+    let (rendered, c) = tokio::task::spawn_blocking(move || (chat.render(&c, &opts), c))
         .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(ApiError::from)
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok((rendered?, c))
 }
 
 /// The schema of a function that takes no arguments.

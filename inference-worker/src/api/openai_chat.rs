@@ -260,7 +260,8 @@ impl Surface for ChatRequest {
         )?;
         let stop = stop_list(self.stop.take())?;
         let convo = conversation(&mut self, &body)?;
-        let rendered = convo::render(&state.chat, convo, state.render_options(&self.model)).await?;
+        let (rendered, _) =
+            convo::render(&state.chat, convo, state.render_options(&self.model)).await?;
         let logprobs = self
             .logprobs
             .then(|| self.top_logprobs.unwrap_or(0).min(20) as usize);
@@ -276,7 +277,7 @@ impl Surface for ChatRequest {
             id_prefix: "call_",
             constraint,
         };
-        let retry = tool_slip::Retry::new(&state, &job, &body);
+        let retry = tool_slip::Retry::new(&state, &job, &body, self.stream);
         let run = run::start(&state, job)?;
         let id = new_call_id("chatcmpl-");
         let created = super::unix_now();

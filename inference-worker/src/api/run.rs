@@ -124,8 +124,8 @@ pub enum Step {
     Failed(ApiError),
 }
 
-/// What a run produced so far, and what to do with it at its end.
-type Recording = (Collected, Box<dyn FnOnce(Collected, &Finish) + Send>);
+/// What to do with a run's whole answer at its end.
+pub type OnDone = Box<dyn FnOnce(&Collected, &Finish) + Send>;
 
 /// A request running on the engine. Dropping it cancels the generation.
 pub struct Run {
@@ -134,7 +134,10 @@ pub struct Run {
     /// The end, held while the last text goes out.
     pending: Option<Finish>,
     done: bool,
-    record: Option<Recording>,
+    /// Everything produced so far, kept when someone needs the whole
+    /// answer ([`collect`], [`Run::on_done`]).
+    kept: Option<Collected>,
+    on_done: Option<OnDone>,
 }
 
 /// Check `job` against the context and queue it.
@@ -182,30 +185,40 @@ impl Run {
             answer: AnswerParser::new(answer, id_prefix),
             pending: None,
             done: false,
-            record: None,
+            kept: None,
+            on_done: None,
         }
     }
 
     /// Hand everything the run produced to `then` when it ends (streamed
     /// or collected; not when it fails or is dropped). A call the token
     /// limit cut short is left out.
-    pub fn on_done(&mut self, then: impl FnOnce(Collected, &Finish) + Send + 'static) {
-        self.record = Some((Collected::default(), Box::new(then)));
+    pub fn on_done(&mut self, then: impl FnOnce(&Collected, &Finish) + Send + 'static) {
+        self.kept.get_or_insert_with(Collected::default);
+        self.on_done = Some(Box::new(then));
+    }
+
+    /// The end-of-run handler, taken off this run (to hand it the answer
+    /// that replaces this one).
+    pub fn take_on_done(&mut self) -> Option<OnDone> {
+        self.on_done.take()
     }
 
     /// The next step; cancel-safe (nothing is lost if the future is
     /// dropped before it resolves).
     pub async fn next(&mut self) -> Step {
         let step = self.step().await;
+        let Some(c) = &mut self.kept else {
+            return step;
+        };
         match &step {
-            Step::Deltas(ds) => {
-                if let Some((c, _)) = &mut self.record {
-                    ds.iter().for_each(|d| c.add(d.clone()));
-                }
-            }
+            Step::Deltas(ds) => ds.iter().for_each(|d| c.add(d.clone())),
             Step::Done(f) => {
-                if let Some((mut c, then)) = self.record.take() {
-                    c.calls.truncate(f.calls);
+                // A call the token limit cut short has arguments no client
+                // can run: the whole answer leaves it out (a stream has
+                // sent its pieces already, and ends `length`).
+                c.calls.truncate(f.calls);
+                if let Some(then) = self.on_done.take() {
                     then(c, f);
                 }
             }
@@ -297,17 +310,11 @@ impl Collected {
 
 /// Run to the end.
 pub async fn collect(mut run: Run) -> Result<(Collected, Finish), ApiError> {
-    let mut c = Collected::default();
+    run.kept.get_or_insert_with(Collected::default);
     loop {
         match run.next().await {
-            Step::Deltas(ds) => ds.into_iter().for_each(|d| c.add(d)),
-            Step::Done(f) => {
-                // A call the token limit cut short has arguments no client
-                // can run: a JSON answer leaves it out (a stream has sent
-                // its pieces already, and ends `length`).
-                c.calls.truncate(f.calls);
-                return Ok((c, f));
-            }
+            Step::Deltas(_) => {}
+            Step::Done(f) => return Ok((run.kept.take().unwrap_or_default(), f)),
             Step::Failed(e) => return Err(e),
         }
     }

@@ -32,9 +32,9 @@ pub struct Retry {
 }
 
 impl Retry {
-    /// Kept for tools-armed jobs when a slip lever is on.
-    pub fn new(state: &AppState, job: &Job, body: &Bytes) -> Option<Retry> {
-        let armed = job.answer.tools.is_some();
+    /// Kept for tools-armed JSON answers when a slip lever is on.
+    pub fn new(state: &AppState, job: &Job, body: &Bytes, stream: bool) -> Option<Retry> {
+        let armed = job.answer.tools.is_some() && !stream;
         let levers = state.slips.resample || state.slips.dump_dir.is_some();
         (armed && levers).then(|| Retry {
             job: job.clone(),
@@ -44,16 +44,30 @@ impl Retry {
 }
 
 /// Run to the end; a slip is dumped and, with resampling on, drawn once
-/// more (with the next seed when the client fixed one).
+/// more (with the next seed when the client fixed one). The run's
+/// end-of-run handler gets the answer the client gets.
 pub async fn collect(
     state: &AppState,
-    run: Run,
+    mut run: Run,
     retry: Option<Retry>,
 ) -> Result<(Collected, Finish), ApiError> {
-    let (c, f) = run::collect(run).await?;
     let Some(retry) = retry else {
-        return Ok((c, f));
+        return run::collect(run).await;
     };
+    let on_done = run.take_on_done();
+    let (c, f) = redraw_slip(state, run, retry).await?;
+    if let Some(then) = on_done {
+        then(&c, &f);
+    }
+    Ok((c, f))
+}
+
+async fn redraw_slip(
+    state: &AppState,
+    run: Run,
+    retry: Retry,
+) -> Result<(Collected, Finish), ApiError> {
+    let (c, f) = run::collect(run).await?;
     if f.reason != FinishReason::Stop || !c.calls.is_empty() {
         return Ok((c, f));
     }

@@ -308,8 +308,8 @@ impl Surface for ResponsesRequest {
                 .continuations
                 .resume(prev, &answered, convo, "previous_response_id")?;
         }
-        let kept = convo.clone();
-        let rendered = convo::render(&state.chat, convo, state.render_options(&self.model)).await?;
+        let (rendered, kept) =
+            convo::render(&state.chat, convo, state.render_options(&self.model)).await?;
         let constraint = structured::compile(&state, spec, &rendered.answer).await?;
         let job = Job {
             prompt: rendered.tokens,
@@ -321,11 +321,11 @@ impl Surface for ResponsesRequest {
             id_prefix: "call_",
             constraint,
         };
-        let retry = tool_slip::Retry::new(&state, &job, &body);
+        let retry = tool_slip::Retry::new(&state, &job, &body, self.stream);
         let mut run = run::start(&state, job)?;
         let id = new_call_id("resp_");
         let (keeper, key) = (state.clone(), id.clone());
-        run.on_done(move |c, _| keeper.continuations.remember(kept, &c, Some(&key)));
+        run.on_done(move |c, _| keeper.continuations.remember(kept, c, Some(&key)));
         let meta = Meta {
             id,
             created_at: super::unix_now(),
