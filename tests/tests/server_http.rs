@@ -139,6 +139,39 @@ fn chat_completion_answers_and_bad_input_is_refused() {
     assert!(server.alive());
 }
 
+/// A prompt whose text was computed before as other tokens than the
+/// tokenizer would choose (the model sampled "Hel" "lo" where the
+/// tokenizer writes "Hello") reuses that state: the KV cache survives the
+/// re-tokenization. The first run is sent as token ids (SmolLM2's "ĠHel"
+/// "lo" "Ġworld" "Ġfriends", ten times), the second as their text.
+#[test]
+fn prefix_reuse_survives_retokenization() {
+    let server = Server::start(&[]);
+    let ids: Vec<u32> = [5362, 5365, 905, 2428].repeat(10);
+    let first = server
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": ids, "max_tokens": 1, "temperature": 0}),
+        )
+        .json();
+    assert_eq!(first["usage"]["prompt_tokens"], 40, "{first}");
+    let text = " Hello world friends".repeat(10) + " and more";
+    let again = server
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": text, "max_tokens": 1, "temperature": 0}),
+        )
+        .json();
+    // The 40 ids and " and" " more": two whole 16-token blocks cached.
+    // Tokenized as the tokenizer would, the text shares no token with
+    // the ids ("ĠHello" is one token), and nothing would be reused.
+    assert_eq!(again["usage"]["prompt_tokens"], 42, "{again}");
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"], 32,
+        "{again}"
+    );
+}
+
 #[test]
 fn prompt_over_the_context_is_refused() {
     let mut server = Server::start(&["--ctx", "32"]);

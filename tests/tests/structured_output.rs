@@ -119,6 +119,38 @@ fn answers_match_their_schema_on_every_surface() {
     check_person(&serde_json::from_str(v["content"][0]["text"].as_str().unwrap()).unwrap());
 }
 
+/// A number's digits are bounded (8 after the point, 15 before it), so a
+/// model asked for many digits still ends its answer: greedy SmolLM2
+/// writes pi's digits on and on when nothing stops it.
+#[test]
+fn numbers_in_a_schema_have_bounded_digits() {
+    let server = Server::start(&[]);
+    let schema = json!({"type": "object", "properties": {"pi": {"type": "number"}},
+                        "required": ["pi"], "additionalProperties": false});
+    let r = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user",
+                              "content": "Write pi to 60 decimal places, as JSON with the key pi."}],
+                "max_tokens": 200, "temperature": 0,
+                "response_format": {"type": "json_schema",
+                    "json_schema": {"name": "pi", "schema": schema}}}),
+    );
+    let v = r.json();
+    assert_eq!(r.status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let pi: Value = serde_json::from_str(content).unwrap();
+    let digits = content
+        .split('.')
+        .nth(1)
+        .map_or(0, |f| f.bytes().take_while(u8::is_ascii_digit).count());
+    assert!((1..=8).contains(&digits), "{content}");
+    assert!(
+        (pi["pi"].as_f64().unwrap() - std::f64::consts::PI).abs() < 1e-2,
+        "{content}"
+    );
+}
+
 #[test]
 fn raw_grammars_hold_completions_and_chat() {
     let server = Server::start(&[]);

@@ -367,6 +367,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         let events = l.job.events.clone();
         let mut on_step = |s: &TokenStep<'_>| send_step(&events, s);
         let g = l.decoding.finish(l.timings, &mut on_step);
+        self.lm.chat.remember(&l.tokens);
         self.kv.finish(l.state, l.computed);
         self.ledger.lock().expect("ledger").release(l.job.reserved);
         record(&self.metrics, &g);

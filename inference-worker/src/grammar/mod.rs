@@ -17,7 +17,11 @@
 //! masks of every constrained stream of a step are computed together,
 //! while the forward pass that produces the step's logits runs; the
 //! engine waits only for a mask not ready by then.
+//!
+//! A JSON schema is held to bounded whitespace and number digits
+//! ([`json_bounds`]), so a sampled answer cannot loop until its limit.
 
+mod json_bounds;
 mod vocab;
 
 use std::fmt;
@@ -51,28 +55,13 @@ impl Spec {
 
     fn grammar(&self, name: &str) -> GrammarWithLexer {
         let mut g = match self {
-            Spec::JsonSchema(s) => GrammarWithLexer::from_json_schema(bounded_whitespace(s)),
+            Spec::JsonSchema(s) => GrammarWithLexer::from_json_schema(json_bounds::bounded(s)),
             Spec::Lark(l) => GrammarWithLexer::from_lark(l.clone()),
             Spec::Regex(r) => GrammarWithLexer::from_regex(r),
         };
         g.name = Some(name.to_string());
         g
     }
-}
-
-/// The whitespace a JSON answer may put between two tokens: at most a
-/// line break and an indent (as llama.cpp's JSON grammars allow), so a
-/// small model cannot loop on blanks until its token limit. A schema's
-/// own `x-guidance` options win.
-const JSON_WHITESPACE: &str = r"[\x20\x09]{1,20}|\x0D?\x0A[\x20\x09]{0,20}";
-
-fn bounded_whitespace(schema: &Value) -> Value {
-    let mut s = schema.clone();
-    if let Some(o) = s.as_object_mut() {
-        o.entry("x-guidance")
-            .or_insert_with(|| serde_json::json!({"whitespace_pattern": JSON_WHITESPACE}));
-    }
-    s
 }
 
 /// A grammar the library refused, with its reason.

@@ -16,7 +16,9 @@
 //!   kept for exact replay of history);
 //! - holding calls to their syntax and schemas: [`call_grammar`];
 //! - the operator's agent-loop levers (tool-call reminders, reasoning
-//!   replay, effort mapping): [`levers`].
+//!   replay, effort mapping): [`levers`];
+//! - prompts that send the model's own text back keep its tokens where
+//!   the text would tokenize differently: [`seams`].
 
 pub mod answer;
 pub mod call_grammar;
@@ -31,6 +33,7 @@ pub mod levers;
 pub mod protocol;
 pub mod reasoning;
 pub mod replay;
+pub mod seams;
 pub mod templated;
 pub mod tool_stream;
 
@@ -46,6 +49,7 @@ pub use protocol::{
 };
 pub use reasoning::Delimiters;
 pub use replay::ReplayStore;
+pub use seams::Seams;
 
 /// Why a chat template could not be loaded or rendered.
 #[derive(Debug, thiserror::Error)]

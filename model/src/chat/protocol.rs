@@ -11,6 +11,7 @@ use super::dsml::DsmlError;
 use super::levers::{self, Levers};
 use super::reasoning::Delimiters;
 use super::replay::ReplayStore;
+use super::seams::Seams;
 use super::tool_stream::ToolProtocol;
 use super::PromptError;
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -116,6 +117,8 @@ pub trait ChatProtocol: Send + Sync + std::fmt::Debug {
 pub struct Chat {
     pub tokenizer: Arc<Tokenizer>,
     protocol: Arc<dyn ChatProtocol>,
+    /// Sequences computed recently, for prompts that send them back.
+    seams: Arc<Seams>,
 }
 
 /// A rendered, tokenized prompt.
@@ -131,6 +134,7 @@ impl Chat {
         Chat {
             tokenizer,
             protocol,
+            seams: Arc::new(Seams::new()),
         }
     }
 
@@ -164,7 +168,7 @@ impl Chat {
             None => c,
         };
         let p = self.protocol.render(c, opts)?;
-        let tokens = self.tokenizer.encode_with(&p.text, true, p.add_bos)?;
+        let tokens = self.seams.encode(&self.tokenizer, &p.text, p.add_bos)?;
         Ok(Rendered {
             text: p.text,
             tokens,
@@ -181,6 +185,13 @@ impl Chat {
     /// Tokenize a raw prompt (no chat protocol); special tokens are
     /// recognised and BOS is added where the model asks for it.
     pub fn raw_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        self.tokenizer.encode(text, true)
+        self.seams.encode(&self.tokenizer, text, true)
+    }
+
+    /// Remember a sequence the engine computed (a prompt and its answer's
+    /// tokens), so a prompt that sends its text back starts with these
+    /// tokens even where the text tokenizes differently ([`Seams`]).
+    pub fn remember(&self, tokens: &[u32]) {
+        self.seams.remember(tokens);
     }
 }
