@@ -47,9 +47,53 @@ pub struct Timings {
     pub prompt_tokens: usize,
     /// Prompt tokens whose state was already cached.
     pub cached_tokens: usize,
+    /// How the cached prefix was found, and why it ends where it does.
+    pub prefix: PrefixReuse,
     pub generated_tokens: usize,
     pub prefill_ms: f64,
     pub decode_ms: f64,
+}
+
+/// The prefix cache's decision for one prompt, in KV blocks: a prompt
+/// can resume after its whole blocks (the last token always runs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixReuse {
+    pub block_size: usize,
+    /// Whole blocks the prompt could resume after.
+    pub resumable: usize,
+    /// Blocks found in memory.
+    pub memory: usize,
+    /// Blocks found in memory but not resumable: the compressed-attention
+    /// window state after them was not kept.
+    pub no_window: usize,
+    /// Blocks restored from the disk KV cache past those in memory.
+    pub disk: usize,
+}
+
+impl PrefixReuse {
+    /// Blocks reused in all.
+    pub fn reused(&self) -> usize {
+        self.memory + self.disk
+    }
+
+    /// Why the reused prefix ends where it does, in words.
+    pub fn why(&self) -> String {
+        let at = self.reused() * self.block_size;
+        if self.resumable == 0 {
+            "the prompt is shorter than one block and a token".into()
+        } else if self.reused() == self.resumable {
+            "every whole block of the prompt was cached".into()
+        } else if self.no_window > 0 {
+            format!(
+                "{} cached blocks after token {at} have no window state kept to resume from",
+                self.no_window
+            )
+        } else if at == 0 {
+            "no cached prefix starts this prompt (new, or evicted)".into()
+        } else {
+            format!("the prompt differs from every cached prefix after token {at} (or the rest was evicted)")
+        }
+    }
 }
 
 impl Timings {

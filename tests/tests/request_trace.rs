@@ -76,3 +76,79 @@ fn request_ids_come_back_and_tag_every_log_line_of_their_request() {
         }
     }
 }
+
+/// `--trace FILE`: each request's prompt, the prefix cache's decision with
+/// its reason, the tool calls as the parser finds them and the answer, one
+/// JSON line each, under the request's id.
+#[test]
+fn the_trace_file_tells_each_request_s_story() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("trace.jsonl");
+    let mut server = Server::start(&["--trace", file.to_str().unwrap()]);
+    let body = serde_json::to_vec(&json!({
+        "messages": [{"role": "user", "content": "What is the weather in Paris today?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}}],
+        "tool_choice": "required", "parallel_tool_calls": false, "max_tokens": 60, "temperature": 0,
+    }))
+    .unwrap();
+    for id in ["story-1", "story-2"] {
+        let r = server
+            .request_with(
+                "POST",
+                "/v1/chat/completions",
+                &[("x-request-id", id)],
+                Some(&body),
+            )
+            .expect("request");
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |id: &str, event: &str| {
+        lines
+            .iter()
+            .find(|l| l["request_id"] == id && l["event"] == event)
+            .unwrap_or_else(|| panic!("no {event} of {id} in {text}"))
+    };
+    for id in ["story-1", "story-2"] {
+        let prompt = of(id, "prompt");
+        assert_eq!(prompt["path"], "/v1/chat/completions");
+        assert!(prompt["text"]
+            .as_str()
+            .unwrap()
+            .contains("weather in Paris"));
+        assert_eq!(of(id, "tool_call_start")["name"], "get_weather");
+        let answer = of(id, "answer");
+        assert_eq!(answer["finish"], "stop", "{answer}");
+        assert_eq!(answer["calls"][0]["name"], "get_weather");
+        assert!(answer["calls"][0]["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("city"));
+    }
+    let cold = of("story-1", "cache");
+    assert_eq!(cold["cached_tokens"], 0, "{cold}");
+    assert!(
+        cold["why"].as_str().unwrap().contains("no cached prefix"),
+        "{cold}"
+    );
+    let warm = of("story-2", "cache");
+    let (n, bs) = (
+        warm["prompt_tokens"].as_u64().unwrap(),
+        warm["block_size"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        warm["cached_tokens"].as_u64().unwrap(),
+        (n - 1) / bs * bs,
+        "{warm}"
+    );
+    assert_eq!(
+        warm["why"], "every whole block of the prompt was cached",
+        "{warm}"
+    );
+}

@@ -33,6 +33,7 @@ mod stats;
 mod structured;
 mod tool_slip;
 mod trace;
+mod trace_file;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,6 +62,7 @@ use ds4_model::chat::{Chat, Levers, RenderOptions, ReplayStore, Thinking};
 pub use error::ApiError;
 pub use listen::ConnectionLimits;
 pub use tool_slip::SlipOptions;
+pub use trace_file::TraceFile;
 
 /// Default largest request body (a long agent conversation fits easily).
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -97,6 +99,8 @@ pub struct ServerOptions {
     pub levers: Levers,
     /// Tool-slip resampling and dumps.
     pub slips: SlipOptions,
+    /// The `--trace` file, if one is written.
+    pub trace: Option<Arc<TraceFile>>,
 }
 
 impl Default for ServerOptions {
@@ -110,6 +114,7 @@ impl Default for ServerOptions {
             owner_alive: None,
             levers: Levers::default(),
             slips: SlipOptions::default(),
+            trace: None,
         }
     }
 }
@@ -141,6 +146,8 @@ pub struct AppState {
     /// Conversations that ended with tool calls, for output-only
     /// follow-ups.
     pub continuations: continuation::Registry,
+    /// The `--trace` file, if one is written.
+    pub trace: Option<Arc<TraceFile>>,
 }
 
 impl AppState {
@@ -176,6 +183,7 @@ impl AppState {
             levers: opts.levers,
             slips: opts.slips,
             continuations: continuation::Registry::default(),
+            trace: opts.trace,
         }
     }
 

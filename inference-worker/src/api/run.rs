@@ -10,9 +10,12 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use super::trace::{self, Tag};
+use super::trace_file::TraceFile;
 use super::{ApiError, AppState};
 use crate::engine::Event;
 use crate::generate::{FinishReason, GenerateRequest, StreamOptions, Timings, TokenLogprobs};
@@ -138,6 +141,70 @@ pub struct Run {
     /// answer ([`collect`], [`Run::on_done`]).
     kept: Option<Collected>,
     on_done: Option<OnDone>,
+    /// The `--trace` file's records of this run, when tracing.
+    trace: Option<RunTrace>,
+}
+
+/// Where a run's trace records go, and whether its end was written.
+struct RunTrace {
+    file: Arc<TraceFile>,
+    tag: Tag,
+    ended: bool,
+}
+
+impl RunTrace {
+    fn write(&self, event: &str, fields: serde_json::Value) {
+        self.file.write(&self.tag, event, fields);
+    }
+
+    fn deltas(&self, ds: &[Delta]) {
+        for d in ds {
+            match d {
+                Delta::CallStart { index, id, name } => self.write(
+                    "tool_call_start",
+                    json!({"index": index, "id": id, "name": name}),
+                ),
+                Delta::CallEnd => self.write("tool_call_end", json!({})),
+                _ => {}
+            }
+        }
+    }
+
+    fn done(&mut self, c: &Collected, f: &Finish) {
+        let p = &f.timings.prefix;
+        self.write(
+            "cache",
+            json!({"prompt_tokens": f.prompt_tokens(), "cached_tokens": f.timings.cached_tokens,
+                   "block_size": p.block_size, "resumable_blocks": p.resumable,
+                   "memory_blocks": p.memory, "disk_blocks": p.disk, "why": p.why()}),
+        );
+        let calls: Vec<_> = c
+            .calls
+            .iter()
+            .map(|k| json!({"id": k.id, "name": k.name, "arguments": k.arguments}))
+            .collect();
+        self.write(
+            "answer",
+            json!({"finish": format!("{:?}", f.reason).to_lowercase(),
+                   "completion_tokens": f.completion_tokens(), "text": c.text,
+                   "reasoning": c.reasoning, "calls": calls,
+                   "calls_cut": c.calls.len().saturating_sub(f.calls)}),
+        );
+        self.ended = true;
+    }
+
+    fn failed(&mut self, e: &ApiError) {
+        self.write("failed", json!({"error": e.to_string()}));
+        self.ended = true;
+    }
+}
+
+impl Drop for RunTrace {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.write("dropped", json!({}));
+        }
+    }
 }
 
 /// Check `job` against the context and queue it.
@@ -164,13 +231,35 @@ pub fn start(state: &AppState, job: Job) -> Result<Run, ApiError> {
         ignore_eos: false,
         constraint: job.constraint,
     };
+    let trace = state.trace.as_ref().map(|file| {
+        let tag = trace::current().unwrap_or_else(|| Tag {
+            id: "-".into(),
+            path: "-".into(),
+        });
+        file.write(
+            &tag,
+            "prompt",
+            json!({"prompt_tokens": req.prompt.len(),
+                   "text": state.chat.tokenizer.decode(&req.prompt)}),
+        );
+        RunTrace {
+            file: file.clone(),
+            tag,
+            ended: false,
+        }
+    });
     let rx = state.engine.submit(
         req,
         StreamOptions {
             logprobs: job.logprobs,
         },
     )?;
-    Ok(Run::new(rx, job.answer, job.id_prefix))
+    let mut run = Run::new(rx, job.answer, job.id_prefix);
+    if trace.is_some() {
+        run.kept.get_or_insert_with(Collected::default);
+        run.trace = trace;
+    }
+    Ok(run)
 }
 
 impl Run {
@@ -187,6 +276,7 @@ impl Run {
             done: false,
             kept: None,
             on_done: None,
+            trace: None,
         }
     }
 
@@ -212,8 +302,16 @@ impl Run {
             return step;
         };
         match &step {
-            Step::Deltas(ds) => ds.iter().for_each(|d| c.add(d.clone())),
+            Step::Deltas(ds) => {
+                if let Some(t) = &self.trace {
+                    t.deltas(ds);
+                }
+                ds.iter().for_each(|d| c.add(d.clone()));
+            }
             Step::Done(f) => {
+                if let Some(t) = &mut self.trace {
+                    t.done(c, f);
+                }
                 // A call the token limit cut short has arguments no client
                 // can run: the whole answer leaves it out (a stream has
                 // sent its pieces already, and ends `length`).
@@ -222,7 +320,11 @@ impl Run {
                     then(c, f);
                 }
             }
-            Step::Failed(_) => {}
+            Step::Failed(e) => {
+                if let Some(t) = &mut self.trace {
+                    t.failed(e);
+                }
+            }
         }
         step
     }

@@ -6,7 +6,8 @@
 //! current span) and to the task that streams its events, so every log
 //! line about the request carries `request_id`. One line per request
 //! (`request answered`, at `debug` for `/health` and `/metrics`) gives its
-//! status and the time to the response head.
+//! status and the time to the response head. The handler also runs with
+//! its [`Tag`] in a task-local, for the `--trace` file's records.
 
 use std::time::Instant;
 
@@ -35,13 +36,33 @@ fn request_id(req: &Request) -> String {
         .map_or_else(|| new_call_id("req_"), str::to_string)
 }
 
+/// Which request a handler is serving.
+#[derive(Clone, Debug)]
+pub struct Tag {
+    pub id: String,
+    pub path: String,
+}
+
+tokio::task_local! {
+    static TAG: Tag;
+}
+
+/// The request the current handler serves (`None` outside one).
+pub fn current() -> Option<Tag> {
+    TAG.try_with(Tag::clone).ok()
+}
+
 /// Middleware: the request's span and its id in the response headers.
 pub async fn with_request_id(req: Request, next: Next) -> Response {
     let id = request_id(&req);
     let span = tracing::info_span!("request", request_id = %id);
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let t0 = Instant::now();
-    let mut resp = next.run(req).instrument(span.clone()).await;
+    let tag = Tag {
+        id: id.clone(),
+        path: path.clone(),
+    };
+    let mut resp = TAG.scope(tag, next.run(req).instrument(span.clone())).await;
     let status = resp.status().as_u16();
     let ms = format!("{:.1}", t0.elapsed().as_secs_f64() * 1e3);
     span.in_scope(|| {

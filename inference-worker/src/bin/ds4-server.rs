@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use ds4_inference_worker::api::{listen, AppState, ConnectionLimits, ServerOptions, SlipOptions};
+use ds4_inference_worker::api::{
+    listen, AppState, ConnectionLimits, ServerOptions, SlipOptions, TraceFile,
+};
 use ds4_inference_worker::cli::{error_line, init_logging, Device, ModelArgs};
 use ds4_inference_worker::engine;
 use ds4_inference_worker::metrics::Metrics;
@@ -111,6 +113,14 @@ struct Cli {
     /// verdict). The files hold the clients' requests: mind who can read DIR.
     #[arg(long, env = "DS4_TOOL_SLIP_DUMP", value_name = "DIR")]
     tool_slip_dump: Option<std::path::PathBuf>,
+    /// Append every request's story to FILE, one JSON object per line:
+    /// the prompt as the model reads it, the prefix cache's decision
+    /// (cached tokens, and why reuse ends where it does), tool calls as
+    /// the parser finds them, and the answer. Prompts are written whole
+    /// and hold the clients' data: for debugging, and mind who can read
+    /// FILE.
+    #[arg(long, env = "DS4_TRACE", value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
     /// Seconds a client has to send a complete request head: from the
     /// connect for the first request, from its first byte for the next
     /// ones on a kept-alive connection. Then the connection is closed.
@@ -197,6 +207,12 @@ where
     let addr: SocketAddr = format!("{}:{}", cli.host, cli.port)
         .parse()
         .with_context(|| format!("invalid listen address {}:{}", cli.host, cli.port))?;
+    let trace = match &cli.trace {
+        Some(p) => Some(Arc::new(TraceFile::open(p).with_context(|| {
+            format!("cannot open the trace file {}", p.display())
+        })?)),
+        None => None,
+    };
     let (lm, weights) = cli.weights.load(
         &cli.model.model,
         explicit_model,
@@ -259,6 +275,7 @@ where
             resample: cli.tool_slip_resample,
             dump_dir: cli.tool_slip_dump.clone(),
         },
+        trace,
     };
     let state = Arc::new(AppState::new(handle, chat, model_id, ctx, opts));
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -15,6 +15,7 @@ use ds4_model::StatePool;
 use super::blocks::{chain_hash, chain_hashes, BlockId, BlockManager, ChainHash};
 use super::disk::DiskCache;
 use super::windows::{WindowId, WindowManager, NONE};
+use crate::generate::PrefixReuse;
 use crate::runtime::LoadedModel;
 
 /// Shortest prefix worth a disk checkpoint, in tokens.
@@ -75,17 +76,24 @@ impl<B: Backend> PagedKv<B> {
         lm: &LoadedModel<B>,
         prompt: &[u32],
         chunk: usize,
-    ) -> Result<SeqState, String> {
+    ) -> Result<(SeqState, PrefixReuse), String> {
         let bs = self.block_size();
         let mut hashes = chain_hashes(prompt, bs);
         hashes.truncate((prompt.len() - 1) / bs);
         let mut blocks = self.blocks.lookup(&hashes);
+        let mut reuse = PrefixReuse {
+            block_size: bs,
+            resumable: hashes.len(),
+            ..PrefixReuse::default()
+        };
         if let Some(w) = &self.windows {
             // Only a block whose window block is kept can be resumed after.
             while blocks.last().is_some_and(|&b| w.manager.kept(b).is_none()) {
                 blocks.pop();
+                reuse.no_window += 1;
             }
         }
+        reuse.memory = blocks.len();
         for &b in &blocks {
             self.blocks.acquire(b);
         }
@@ -101,6 +109,8 @@ impl<B: Backend> PagedKv<B> {
                 resume = window;
             }
             tracing::debug!(blocks = more, "resumed from the disk KV cache");
+            reuse.disk = more;
+            reuse.no_window = 0;
         }
         hashes.truncate(blocks.len());
         let mut seq = SeqState {
@@ -130,7 +140,7 @@ impl<B: Backend> PagedKv<B> {
                 return Err(err);
             }
         }
-        Ok(seq)
+        Ok((seq, reuse))
     }
 
     fn windows_mut(&mut self) -> &mut Windows {

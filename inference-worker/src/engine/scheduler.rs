@@ -162,7 +162,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         let span = job.span.clone();
         let _in = span.enter();
         let prompt = job.req.prompt.clone();
-        let state = match self.kv.start(self.lm, &prompt, self.cfg.prefill_chunk) {
+        let (state, prefix) = match self.kv.start(self.lm, &prompt, self.cfg.prefill_chunk) {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(error = %e, "request failed: its state could not be started");
@@ -178,11 +178,13 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         let timings = Timings {
             prompt_tokens: prompt.len(),
             cached_tokens: cached,
+            prefix,
             ..Default::default()
         };
         tracing::debug!(
             prompt_tokens = prompt.len(),
             cached_tokens = cached,
+            prefix = %prefix.why(),
             queued_ms = format!("{:.1}", job.submitted.elapsed().as_secs_f64() * 1e3),
             "admitted"
         );
