@@ -84,7 +84,7 @@ fn request_ids_come_back_and_tag_every_log_line_of_their_request() {
 fn the_trace_file_tells_each_request_s_story() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("trace.jsonl");
-    let mut server = Server::start(&["--trace", file.to_str().unwrap()]);
+    let server = Server::start(&["--trace", file.to_str().unwrap()]);
     let body = serde_json::to_vec(&json!({
         "messages": [{"role": "user", "content": "What is the weather in Paris today?"}],
         "tools": [{"type": "function", "function": {"name": "get_weather",
