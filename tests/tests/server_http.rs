@@ -172,6 +172,24 @@ fn prefix_reuse_survives_retokenization() {
     );
 }
 
+/// `--max-tokens N` caps every answer: a request naming no limit, or a
+/// larger one, gets N tokens and finish reason `length`; a smaller limit
+/// stands.
+#[test]
+fn the_server_caps_answers_at_max_tokens() {
+    let server = Server::start(&["--max-tokens", "5"]);
+    for (limit, want) in [(None, 5), (Some(100), 5), (Some(3), 3)] {
+        let mut body = json!({"messages": [{"role": "user", "content": "Tell me a long story."}],
+                              "temperature": 0});
+        if let Some(l) = limit {
+            body["max_tokens"] = json!(l);
+        }
+        let v = server.post_json("/v1/chat/completions", &body).json();
+        assert_eq!(v["usage"]["completion_tokens"], want, "{limit:?}: {v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    }
+}
+
 #[test]
 fn prompt_over_the_context_is_refused() {
     let mut server = Server::start(&["--ctx", "32"]);

@@ -101,6 +101,8 @@ pub struct ServerOptions {
     pub slips: SlipOptions,
     /// The `--trace` file, if one is written.
     pub trace: Option<Arc<TraceFile>>,
+    /// Most tokens one answer may generate (`--max-tokens`).
+    pub max_answer_tokens: usize,
 }
 
 impl Default for ServerOptions {
@@ -115,6 +117,7 @@ impl Default for ServerOptions {
             levers: Levers::default(),
             slips: SlipOptions::default(),
             trace: None,
+            max_answer_tokens: usize::MAX,
         }
     }
 }
@@ -148,6 +151,8 @@ pub struct AppState {
     pub continuations: continuation::Registry,
     /// The `--trace` file, if one is written.
     pub trace: Option<Arc<TraceFile>>,
+    /// Most tokens one answer may generate.
+    pub max_answer_tokens: usize,
 }
 
 impl AppState {
@@ -184,6 +189,7 @@ impl AppState {
             slips: opts.slips,
             continuations: continuation::Registry::default(),
             trace: opts.trace,
+            max_answer_tokens: opts.max_answer_tokens,
         }
     }
 

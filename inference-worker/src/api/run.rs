@@ -218,7 +218,7 @@ pub fn start(state: &AppState, job: Job) -> Result<Run, ApiError> {
             ctx: state.ctx,
         });
     }
-    let room = state.ctx - job.prompt.len();
+    let room = (state.ctx - job.prompt.len()).min(state.max_answer_tokens);
     let max_tokens = job.max_tokens.map_or(room, |m| (m as usize).min(room));
     if max_tokens == 0 {
         return Err(ApiError::bad("max_tokens must be at least 1", "max_tokens"));

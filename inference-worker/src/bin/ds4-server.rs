@@ -121,6 +121,12 @@ struct Cli {
     /// FILE.
     #[arg(long, env = "DS4_TRACE", value_name = "FILE")]
     trace: Option<std::path::PathBuf>,
+    /// Most tokens one answer may generate: a request that asks for more,
+    /// or names no limit, gets this many and ends with finish reason
+    /// `length`. Default: what the context leaves after the prompt (agent
+    /// clients ask for up to 32,000; a small model may ramble that far).
+    #[arg(long, env = "DS4_MAX_TOKENS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_tokens: Option<u32>,
     /// Seconds a client has to send a complete request head: from the
     /// connect for the first request, from its first byte for the next
     /// ones on a kept-alive connection. Then the connection is closed.
@@ -276,6 +282,7 @@ where
             dump_dir: cli.tool_slip_dump.clone(),
         },
         trace,
+        max_answer_tokens: cli.max_tokens.map_or(usize::MAX, |n| n as usize),
     };
     let state = Arc::new(AppState::new(handle, chat, model_id, ctx, opts));
     let rt = tokio::runtime::Builder::new_multi_thread()
