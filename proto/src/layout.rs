@@ -3,9 +3,11 @@
 //! The owner and a standalone worker both call [`plan`], so a tensor lands
 //! at the same region and offset whichever process placed it; with the
 //! same source bytes the regions are byte-identical. [`gguf`] applies the
-//! plan and the layout identity to a GGUF file.
+//! plan and the layout identity to a GGUF file; [`rank`] says what one
+//! owner of a model split over several GPUs holds of it.
 
 pub mod gguf;
+pub mod rank;
 
 use sha2::{Digest, Sha256};
 

@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 pub const SCHEMA: &str = "ds4.weights.manifest/1";
 /// The layout name of tensors stored exactly as in the GGUF.
 pub const LAYOUT_GGUF: &str = "gguf";
+/// A contiguous range of a routed expert tensor's experts, bytes as in the
+/// GGUF (one rank of an expert-parallel split).
+pub const LAYOUT_GGUF_EXPERTS: &str = "gguf-experts";
 /// The scope holding a model's base weights.
 pub const SCOPE_BASE: &str = "base";
 
@@ -27,6 +30,10 @@ pub struct Manifest {
     pub backend: BackendEntry,
     pub control: Control,
     pub scopes: BTreeMap<String, Scope>,
+    /// Set when this owner holds one rank of a model split over several
+    /// GPUs (expert-parallel); absent for the whole model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<crate::layout::rank::Rank>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -137,8 +144,12 @@ pub struct TensorEntry {
     pub ggml_type: u32,
     /// ggml order: `shape[0]` is the contiguous row length.
     pub shape: Vec<u64>,
-    /// `gguf`, or a named derived layout.
+    /// `gguf`, or a named derived layout ([`LAYOUT_GGUF_EXPERTS`]).
     pub layout: String,
+    /// `gguf-experts`: the experts `[first, end)` of the file's tensor this
+    /// entry holds (its `shape` counts only them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<[u64; 2]>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -278,6 +289,7 @@ mod tests {
                     ggml_type: 0,
                     shape: vec![4, 4],
                     layout: LAYOUT_GGUF.into(),
+                    experts: None,
                 }],
             },
         );
@@ -309,6 +321,7 @@ mod tests {
                 broker: "/run/ds4/broker.sock".into(),
             },
             scopes,
+            rank: None,
         }
     }
 

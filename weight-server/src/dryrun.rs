@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use ds4_model::gguf::GgufFile;
+use ds4_proto::layout::rank::{is_routed_experts, Rank};
 use ds4_proto::layout::Plan;
 
 use crate::backend::MemoryView;
@@ -17,9 +18,11 @@ pub const UNSUPPORTED: i32 = 2;
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// The report and whether the plan fits: `need + reserve <= available`.
+#[allow(clippy::too_many_arguments)]
 pub fn report(
     file: &GgufFile,
     family: &str,
+    rank: Rank,
     backend: &str,
     plan: &Plan,
     memory: &MemoryView,
@@ -34,6 +37,31 @@ pub fn report(
         file.shards().len(),
         file.tensors().len()
     );
+    if !rank.is_whole() {
+        let routed: Vec<_> = file
+            .tensors()
+            .iter()
+            .filter(|t| is_routed_experts(&t.name))
+            .collect();
+        let experts = routed
+            .first()
+            .and_then(|t| t.shape.last().copied())
+            .unwrap_or(0);
+        let all: u64 = routed.iter().map(|t| t.n_bytes).sum();
+        let held: u64 = routed
+            .iter()
+            .map(|t| {
+                let p = rank.part(&t.name, &t.shape, t.n_bytes);
+                p.bytes.end - p.bytes.start
+            })
+            .sum();
+        let e = rank.experts(experts);
+        let _ = writeln!(
+            s,
+            "rank       {rank}: routed experts {}..{} of {experts} ({held} of {all} routed expert bytes), every other tensor whole",
+            e.start, e.end
+        );
+    }
     let _ = writeln!(s, "backend    {backend}");
     let _ = writeln!(
         s,
@@ -42,14 +70,14 @@ pub fn report(
         plan.region_bytes.iter().copied().max().unwrap_or(0) as f64 / GIB
     );
     let _ = writeln!(s, "tensor bytes by class:");
-    for (class, bytes) in plan::bytes_by_class(file) {
+    for (class, bytes) in plan::bytes_by_class(file, rank) {
         let _ = writeln!(s, "  {class:<20} {:>10.3} GiB", bytes as f64 / GIB);
     }
     let _ = writeln!(
         s,
         "total      {:.3} GiB in regions ({:.3} GiB of tensor data)",
         total as f64 / GIB,
-        file.tensor_bytes() as f64 / GIB
+        plan::bytes_by_class(file, rank).values().sum::<u64>() as f64 / GIB
     );
     let _ = writeln!(s, "reserve    {:.3} GiB", reserve_bytes as f64 / GIB);
     let _ = writeln!(

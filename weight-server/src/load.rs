@@ -7,6 +7,7 @@ use ds4_kernels::vmm;
 use ds4_kernels::CpuBackend;
 use ds4_model::gguf::GgufFile;
 use ds4_model::{Family, Model, ModelError};
+use ds4_proto::layout::rank::Rank;
 use ds4_proto::layout::{self, ContentHasher, Plan, HOST_GRANULARITY, MAX_REGION_BYTES};
 use ds4_proto::manifest::{ModelEntry, RegionEntry, Scope};
 
@@ -90,9 +91,9 @@ pub fn model_entry(file: &GgufFile, family: Family) -> ModelEntry {
     }
 }
 
-/// Granularity and plan for a backend.
-pub fn plan_for(file: &GgufFile, granularity: u64) -> Plan {
-    layout::gguf::plan(file, granularity, MAX_REGION_BYTES)
+/// The plan of what `rank` holds, for a backend's granularity.
+pub fn plan_for(file: &GgufFile, rank: Rank, granularity: u64) -> Plan {
+    layout::gguf::plan_rank(file, rank, granularity, MAX_REGION_BYTES)
 }
 
 /// The result of a load.
@@ -107,10 +108,12 @@ pub struct Loaded {
 pub fn upload(
     file: &GgufFile,
     family: Family,
+    rank: Rank,
     plan: &Plan,
     mut store: Store,
     progress: &mut Progress<'_>,
 ) -> Result<Loaded, LoadError> {
+    let parts = layout::gguf::parts(file, rank);
     const CHUNK: usize = 16 << 20;
     // The content identity is hashed on its own thread while this one
     // writes the same chunks into the regions.
@@ -123,8 +126,8 @@ pub fn upload(
             }
             h.finish()
         });
-        for (t, p) in file.tensors().iter().zip(&plan.placements) {
-            let data = file.tensor_data(t);
+        for ((t, p), part) in file.tensors().iter().zip(&plan.placements).zip(&parts) {
+            let data = &file.tensor_data(t)[part.bytes.start as usize..part.bytes.end as usize];
             let mut at = p.offset;
             for chunk in data.chunks(CHUNK) {
                 tx.send(chunk)
@@ -143,7 +146,7 @@ pub fn upload(
     model.content_identity = content_identity;
     let scope = Scope {
         regions: region_entries(plan),
-        tensors: plan::tensor_entries(file, plan),
+        tensors: plan::tensor_entries(file, rank, plan),
     };
     Ok(Loaded {
         model,

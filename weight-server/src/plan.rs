@@ -6,22 +6,39 @@ use std::collections::BTreeMap;
 use std::time::UNIX_EPOCH;
 
 use ds4_model::gguf::GgufFile;
-use ds4_proto::layout::Plan;
-use ds4_proto::manifest::{ShardEntry, TensorEntry, LAYOUT_GGUF};
+use ds4_proto::layout::{self, rank::Rank, Plan};
+use ds4_proto::manifest::{ShardEntry, TensorEntry, LAYOUT_GGUF, LAYOUT_GGUF_EXPERTS};
 
-/// The manifest's tensor list for a plan of `file`.
-pub fn tensor_entries(file: &GgufFile, plan: &Plan) -> Vec<TensorEntry> {
+/// The manifest's tensor list for `rank`'s plan of `file`: whole tensors
+/// as `gguf`, a rank's range of a routed expert tensor as `gguf-experts`
+/// (its shape counting only those experts).
+pub fn tensor_entries(file: &GgufFile, rank: Rank, plan: &Plan) -> Vec<TensorEntry> {
+    let parts = layout::gguf::parts(file, rank);
     file.tensors()
         .iter()
         .zip(&plan.placements)
-        .map(|(t, p)| TensorEntry {
-            name: t.name.clone(),
-            region: p.region,
-            offset: p.offset,
-            bytes: t.n_bytes,
-            ggml_type: t.ggml_type.id(),
-            shape: t.shape.clone(),
-            layout: LAYOUT_GGUF.into(),
+        .zip(parts)
+        .map(|((t, p), part)| {
+            let mut shape = t.shape.clone();
+            let layout = match &part.experts {
+                Some(e) => {
+                    if let Some(last) = shape.last_mut() {
+                        *last = e.end - e.start;
+                    }
+                    LAYOUT_GGUF_EXPERTS
+                }
+                None => LAYOUT_GGUF,
+            };
+            TensorEntry {
+                name: t.name.clone(),
+                region: p.region,
+                offset: p.offset,
+                bytes: part.bytes.end - part.bytes.start,
+                ggml_type: t.ggml_type.id(),
+                shape,
+                layout: layout.into(),
+                experts: part.experts.map(|e| [e.start, e.end]),
+            }
         })
         .collect()
 }
@@ -67,11 +84,11 @@ pub fn tensor_class(name: &str) -> &'static str {
     }
 }
 
-/// Tensor bytes by class.
-pub fn bytes_by_class(file: &GgufFile) -> BTreeMap<&'static str, u64> {
+/// Tensor bytes `rank` holds, by class.
+pub fn bytes_by_class(file: &GgufFile, rank: Rank) -> BTreeMap<&'static str, u64> {
     let mut m = BTreeMap::new();
-    for t in file.tensors() {
-        *m.entry(tensor_class(&t.name)).or_insert(0) += t.n_bytes;
+    for (t, p) in file.tensors().iter().zip(layout::gguf::parts(file, rank)) {
+        *m.entry(tensor_class(&t.name)).or_insert(0) += p.bytes.end - p.bytes.start;
     }
     m
 }

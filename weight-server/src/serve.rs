@@ -114,6 +114,7 @@ pub(crate) fn serve(
             broker: std::fs::canonicalize(&broker_path).unwrap_or(broker_path.clone()),
         },
         scopes,
+        rank: (!config.rank.is_whole()).then_some(config.rank),
     };
 
     let result = rt.block_on(async {

@@ -7,6 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use ds4_proto::layout::{
+    self,
+    rank::{is_routed_experts, Rank},
+};
 use ds4_proto::manifest::{pid_alive, Manifest, ManifestError, Owner as OwnerEntry, SCOPE_BASE};
 
 use crate::access::{control_access, AccessError};
@@ -55,6 +59,8 @@ pub struct Config {
     /// Instead of a model, fill this many GiB of regions with a known
     /// pattern.
     pub synthetic_gb: Option<f64>,
+    /// The part of the model to hold ([`Rank::WHOLE`]: all of it).
+    pub rank: Rank,
 }
 
 /// How a start ended without an error.
@@ -85,6 +91,8 @@ impl Outcome {
 pub enum StartError {
     #[error("scope {found:?} is not supported; this owner loads: {have}", have = SCOPE_BASE)]
     Scope { found: String },
+    #[error("--rank {rank}: {path} has no routed experts to split over GPUs; run one owner for the whole model")]
+    NothingToSplit { rank: Rank, path: PathBuf },
     #[error(transparent)]
     Load(#[from] LoadError),
     #[error(transparent)]
@@ -137,9 +145,18 @@ impl Owner {
         };
         let choice = config.backend.unwrap_or_else(BackendChoice::detect);
         let target = Target::open(choice, config.device)?;
+        if let (Some((file, _)), false) = (&model, config.rank.is_whole()) {
+            let split = file.tensors().iter().any(|t| is_routed_experts(&t.name));
+            if !split {
+                return Err(StartError::NothingToSplit {
+                    rank: config.rank,
+                    path: config.base.clone().unwrap_or_default(),
+                });
+            }
+        }
         let granularity = target.granularity()?;
         let plan = match &model {
-            Some((file, _)) => load::plan_for(file, granularity),
+            Some((file, _)) => load::plan_for(file, config.rank, granularity),
             None => load::synthetic_plan(
                 (config.synthetic_gb.unwrap_or(0.0).max(0.0) * GIB) as u64,
                 granularity,
@@ -151,9 +168,15 @@ impl Owner {
             BackendChoice::Host => "host",
         };
         let (report, fits) = match &model {
-            Some((file, family)) => {
-                dryrun::report(file, family.name(), backend_name, &plan, &memory, reserve)
-            }
+            Some((file, family)) => dryrun::report(
+                file,
+                family.name(),
+                config.rank,
+                backend_name,
+                &plan,
+                &memory,
+                reserve,
+            ),
             None => dryrun::report_synthetic(backend_name, &plan, &memory, reserve),
         };
         if config.dry_run {
@@ -174,13 +197,18 @@ impl Owner {
             regions = plan.region_bytes.len(), bytes = plan.total_bytes(), "allocating"
         );
         let store = target.allocate(&plan)?;
-        let total = model
-            .as_ref()
-            .map_or(plan.total_bytes(), |(f, _)| f.tensor_bytes());
+        let total = model.as_ref().map_or(plan.total_bytes(), |(f, _)| {
+            layout::gguf::parts(f, config.rank)
+                .iter()
+                .map(|p| p.bytes.end - p.bytes.start)
+                .sum()
+        });
         let mut progress = Progress::new(total, &notifier);
         let t0 = std::time::Instant::now();
         let loaded = match &model {
-            Some((file, family)) => load::upload(file, *family, &plan, store, &mut progress)?,
+            Some((file, family)) => {
+                load::upload(file, *family, config.rank, &plan, store, &mut progress)?
+            }
             None => load::upload_synthetic(&plan, store, &mut progress)?,
         };
         let load_s = t0.elapsed().as_secs_f64();
@@ -236,6 +264,7 @@ mod tests {
             dry_run: true,
             check_tensors: false,
             synthetic_gb: Some(0.001),
+            rank: Rank::WHOLE,
         }
     }
 

@@ -30,6 +30,7 @@ use ds4_proto::auth::{BearerAuth, Token};
 use ds4_proto::broker::{FdReply, FdRequest};
 use ds4_proto::client::{connect, ControlAddr, ControlClient};
 use ds4_proto::control as pb;
+use ds4_proto::layout::rank::Rank;
 use ds4_proto::layout::{self, HOST_GRANULARITY, MAX_REGION_BYTES};
 use ds4_proto::manifest::{pid_alive, BackendKind, Manifest, ManifestError, Scope, TensorEntry};
 
@@ -39,6 +40,8 @@ pub enum WeightsError {
     Manifest(#[from] ManifestError),
     #[error("weight owner pid {pid} of manifest {manifest} is gone; restart ds4-weight-server (it publishes a fresh manifest), then this worker")]
     OwnerGone { pid: u32, manifest: PathBuf },
+    #[error("manifest {manifest} holds rank {rank} of a model split over GPUs (ds4-weight-server --rank); this worker serves a whole model only: attach it to an owner started without --rank")]
+    OneRank { manifest: PathBuf, rank: Rank },
     #[error("manifest {manifest} has no scope {scope:?} (it has: {have}); pass --weights-scope with one of those")]
     NoScope {
         manifest: PathBuf,
@@ -141,6 +144,12 @@ pub fn attach(
         return Err(WeightsError::OwnerGone {
             pid: manifest.owner.pid,
             manifest: mpath,
+        });
+    }
+    if let Some(rank) = manifest.rank.filter(|r| !r.is_whole()) {
+        return Err(WeightsError::OneRank {
+            manifest: mpath,
+            rank,
         });
     }
     let scope = manifest

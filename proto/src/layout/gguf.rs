@@ -4,17 +4,34 @@
 
 use ds4_model::gguf::GgufFile;
 
+use super::rank::{Part, Rank};
 use super::{Item, Plan, TensorDesc};
 
 /// Plan the file's tensors, in file order, into regions
 /// ([`super::plan`]).
 pub fn plan(file: &GgufFile, granularity: u64, max_region: u64) -> Plan {
+    plan_rank(file, Rank::WHOLE, granularity, max_region)
+}
+
+/// What `rank` holds of each tensor of the file, in file order.
+pub fn parts(file: &GgufFile, rank: Rank) -> Vec<Part> {
+    file.tensors()
+        .iter()
+        .map(|t| rank.part(&t.name, &t.shape, t.n_bytes))
+        .collect()
+}
+
+/// Plan what `rank` holds of the file's tensors ([`Rank::part`]), in file
+/// order, into regions.
+pub fn plan_rank(file: &GgufFile, rank: Rank, granularity: u64, max_region: u64) -> Plan {
+    let parts = parts(file, rank);
     let items: Vec<Item<'_>> = file
         .tensors()
         .iter()
-        .map(|t| Item {
+        .zip(&parts)
+        .map(|(t, p)| Item {
             name: &t.name,
-            bytes: t.n_bytes,
+            bytes: p.bytes.end - p.bytes.start,
         })
         .collect();
     super::plan(&items, granularity, max_region)

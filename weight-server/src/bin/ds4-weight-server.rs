@@ -8,6 +8,7 @@ use clap::Parser;
 use ds4_proto::auth::{BearerAuth, Token};
 use ds4_proto::client::{connect, ControlAddr, ControlClient};
 use ds4_proto::control as pb;
+use ds4_proto::layout::rank::Rank;
 use ds4_proto::manifest::{Manifest, SCOPE_BASE};
 use ds4_weight_server::load::BackendChoice;
 use ds4_weight_server::owner::Owner;
@@ -89,6 +90,15 @@ struct Cli {
     /// the import with `ds4-server --weights-check`.
     #[arg(long, env = "DS4_WEIGHT_SYNTHETIC_GB", conflicts_with = "base")]
     synthetic_gb: Option<f64>,
+    /// Hold one rank of a model split over several GPUs, expert-parallel:
+    /// INDEX/COUNT (e.g. 0/2) places routed experts [INDEX*E/COUNT,
+    /// (INDEX+1)*E/COUNT) of every routed expert tensor and every other
+    /// tensor whole, and says so in the manifest. One owner per GPU, each
+    /// with its own --device and --manifest; --dry-run gives each rank's
+    /// verdict. Workers serve a whole model only today: this plans and
+    /// holds the ranks of a model too large for one GPU.
+    #[arg(long, env = "DS4_WEIGHT_RANK", value_name = "INDEX/COUNT", value_parser = Rank::parse, conflicts_with = "synthetic_gb")]
+    rank: Option<Rank>,
 }
 
 /// `ds4-weight-server status`: print the owner's status.
@@ -302,6 +312,7 @@ impl From<Cli> for Config {
             dry_run: cli.dry_run,
             check_tensors: cli.check_tensors,
             synthetic_gb: cli.synthetic_gb,
+            rank: cli.rank.unwrap_or(Rank::WHOLE),
         }
     }
 }
