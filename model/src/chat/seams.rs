@@ -124,21 +124,34 @@ impl Seams {
     /// `text` (ending on a character boundary), if any covers a byte; it
     /// becomes the most recent.
     fn longest(&self, tok: &Tokenizer, lead: &[u32], text: &str) -> Option<Match> {
-        let mut r = self.inner.lock().expect("seams");
-        let mut best: Option<(usize, usize, usize)> = None;
-        for (i, seq) in r.seqs.iter().enumerate() {
+        // Walked outside the lock: the engine thread remembers sequences
+        // while prompts are tokenized.
+        let seqs: Vec<Arc<[u32]>> = self
+            .inner
+            .lock()
+            .expect("seams")
+            .seqs
+            .iter()
+            .cloned()
+            .collect();
+        let mut best: Option<Match> = None;
+        for seq in seqs {
             if !seq.starts_with(lead) {
                 continue;
             }
-            let (tokens, bytes) = covered(tok, seq, lead.len(), text);
-            if bytes > 0 && best.is_none_or(|(_, _, b)| bytes > b) {
-                best = Some((i, tokens, bytes));
+            let (tokens, bytes) = covered(tok, &seq, lead.len(), text);
+            if bytes > 0 && best.as_ref().is_none_or(|b| bytes > b.bytes) {
+                best = Some(Match { seq, tokens, bytes });
             }
         }
-        let (i, tokens, bytes) = best?;
-        let seq = r.seqs.remove(i)?;
-        r.seqs.push_front(seq.clone());
-        Some(Match { seq, tokens, bytes })
+        let m = best?;
+        let mut r = self.inner.lock().expect("seams");
+        if let Some(i) = r.seqs.iter().position(|s| Arc::ptr_eq(s, &m.seq)) {
+            if let Some(s) = r.seqs.remove(i) {
+                r.seqs.push_front(s);
+            }
+        }
+        Some(m)
     }
 }
 
