@@ -10,12 +10,10 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use super::trace::{self, Tag};
-use super::trace_file::TraceFile;
+use super::trace_file::RunTrace;
 use super::{ApiError, AppState};
 use crate::engine::Event;
 use crate::generate::{FinishReason, GenerateRequest, StreamOptions, Timings, TokenLogprobs};
@@ -145,68 +143,6 @@ pub struct Run {
     trace: Option<RunTrace>,
 }
 
-/// Where a run's trace records go, and whether its end was written.
-struct RunTrace {
-    file: Arc<TraceFile>,
-    tag: Tag,
-    ended: bool,
-}
-
-impl RunTrace {
-    fn write(&self, event: &str, fields: serde_json::Value) {
-        self.file.write(&self.tag, event, fields);
-    }
-
-    fn deltas(&self, ds: &[Delta]) {
-        for d in ds {
-            match d {
-                Delta::CallStart { index, id, name } => self.write(
-                    "tool_call_start",
-                    json!({"index": index, "id": id, "name": name}),
-                ),
-                Delta::CallEnd => self.write("tool_call_end", json!({})),
-                _ => {}
-            }
-        }
-    }
-
-    fn done(&mut self, c: &Collected, f: &Finish) {
-        let p = &f.timings.prefix;
-        self.write(
-            "cache",
-            json!({"prompt_tokens": f.prompt_tokens(), "cached_tokens": f.timings.cached_tokens,
-                   "block_size": p.block_size, "resumable_blocks": p.resumable,
-                   "memory_blocks": p.memory, "disk_blocks": p.disk, "why": p.why()}),
-        );
-        let calls: Vec<_> = c
-            .calls
-            .iter()
-            .map(|k| json!({"id": k.id, "name": k.name, "arguments": k.arguments}))
-            .collect();
-        self.write(
-            "answer",
-            json!({"finish": format!("{:?}", f.reason).to_lowercase(),
-                   "completion_tokens": f.completion_tokens(), "text": c.text,
-                   "reasoning": c.reasoning, "calls": calls,
-                   "calls_cut": c.calls.len().saturating_sub(f.calls)}),
-        );
-        self.ended = true;
-    }
-
-    fn failed(&mut self, e: &ApiError) {
-        self.write("failed", json!({"error": e.to_string()}));
-        self.ended = true;
-    }
-}
-
-impl Drop for RunTrace {
-    fn drop(&mut self) {
-        if !self.ended {
-            self.write("dropped", json!({}));
-        }
-    }
-}
-
 /// Check `job` against the context and queue it.
 pub fn start(state: &AppState, job: Job) -> Result<Run, ApiError> {
     if job.prompt.is_empty() {
@@ -231,29 +167,26 @@ pub fn start(state: &AppState, job: Job) -> Result<Run, ApiError> {
         ignore_eos: false,
         constraint: job.constraint,
     };
-    let trace = state.trace.as_ref().map(|file| {
-        let tag = trace::current().unwrap_or_else(|| Tag {
-            id: "-".into(),
-            path: "-".into(),
-        });
-        file.write(
-            &tag,
-            "prompt",
-            json!({"prompt_tokens": req.prompt.len(),
-                   "text": state.chat.tokenizer.decode(&req.prompt)}),
-        );
-        RunTrace {
-            file: file.clone(),
-            tag,
-            ended: false,
-        }
-    });
-    let rx = state.engine.submit(
+    let mut trace = state
+        .trace
+        .as_ref()
+        .map(|file| RunTrace::prompt(file, &req.prompt, &state.chat.tokenizer));
+    let submitted = state.engine.submit(
         req,
         StreamOptions {
             logprobs: job.logprobs,
         },
-    )?;
+    );
+    let rx = match submitted {
+        Ok(rx) => rx,
+        Err(e) => {
+            let e = ApiError::from(e);
+            if let Some(t) = &mut trace {
+                t.failed(&e);
+            }
+            return Err(e);
+        }
+    };
     let mut run = Run::new(rx, job.answer, job.id_prefix);
     if trace.is_some() {
         run.kept.get_or_insert_with(Collected::default);

@@ -10,7 +10,8 @@
 //! - `answer`: `finish`, `completion_tokens`, `text`, `reasoning`,
 //!   `calls` (with arguments) and `calls_cut` (calls the token limit cut
 //!   short, left out of the answer);
-//! - `failed` (`error`) or `dropped` (the client left before the end).
+//! - `failed` (`error`: the engine refused or failed it) or `dropped` (the
+//!   client left before the end).
 //!
 //! Prompts are written whole: the file grows by about a prompt per
 //! request, so this is for debugging sessions, not for every day.
@@ -22,9 +23,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::{Map, Value};
+use std::sync::Arc;
 
-use super::trace::Tag;
+use ds4_model::tokenizer::Tokenizer;
+use serde_json::{json, Map, Value};
+
+use super::run::{Collected, Delta, Finish};
+use super::trace::{self, Tag};
+use super::ApiError;
 
 /// The trace file, appended to.
 #[derive(Debug)]
@@ -68,6 +74,87 @@ impl TraceFile {
             if !self.failed.swap(true, Ordering::Relaxed) {
                 tracing::warn!(path = %self.path.display(), error = %e, "cannot write the trace file");
             }
+        }
+    }
+}
+
+/// Where a run's trace records go, and whether its end was written.
+pub struct RunTrace {
+    file: Arc<TraceFile>,
+    tag: Tag,
+    ended: bool,
+}
+
+impl RunTrace {
+    /// Write the `prompt` record of a request about to be queued (tagged
+    /// with the handler's request, `-` outside one).
+    pub fn prompt(file: &Arc<TraceFile>, prompt: &[u32], tok: &Tokenizer) -> RunTrace {
+        let tag = trace::current().unwrap_or_else(|| Tag {
+            id: "-".into(),
+            path: "-".into(),
+        });
+        file.write(
+            &tag,
+            "prompt",
+            json!({"prompt_tokens": prompt.len(), "text": tok.decode(prompt)}),
+        );
+        RunTrace {
+            file: file.clone(),
+            tag,
+            ended: false,
+        }
+    }
+
+    fn write(&self, event: &str, fields: serde_json::Value) {
+        self.file.write(&self.tag, event, fields);
+    }
+
+    pub fn deltas(&self, ds: &[Delta]) {
+        for d in ds {
+            match d {
+                Delta::CallStart { index, id, name } => self.write(
+                    "tool_call_start",
+                    json!({"index": index, "id": id, "name": name}),
+                ),
+                Delta::CallEnd => self.write("tool_call_end", json!({})),
+                _ => {}
+            }
+        }
+    }
+
+    pub fn done(&mut self, c: &Collected, f: &Finish) {
+        let p = &f.timings.prefix;
+        self.write(
+            "cache",
+            json!({"prompt_tokens": f.prompt_tokens(), "cached_tokens": f.timings.cached_tokens,
+                   "block_size": p.block_size, "resumable_blocks": p.resumable,
+                   "memory_blocks": p.memory, "disk_blocks": p.disk, "why": p.why()}),
+        );
+        let calls: Vec<_> = c
+            .calls
+            .iter()
+            .map(|k| json!({"id": k.id, "name": k.name, "arguments": k.arguments}))
+            .collect();
+        self.write(
+            "answer",
+            json!({"finish": format!("{:?}", f.reason).to_lowercase(),
+                   "completion_tokens": f.completion_tokens(), "text": c.text,
+                   "reasoning": c.reasoning, "calls": calls,
+                   "calls_cut": c.calls.len().saturating_sub(f.calls)}),
+        );
+        self.ended = true;
+    }
+
+    pub fn failed(&mut self, e: &ApiError) {
+        self.write("failed", json!({"error": e.to_string()}));
+        self.ended = true;
+    }
+}
+
+impl Drop for RunTrace {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.write("dropped", json!({}));
         }
     }
 }
