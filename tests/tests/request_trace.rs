@@ -151,4 +151,42 @@ fn the_trace_file_tells_each_request_s_story() {
         warm["why"], "every whole block of the prompt was cached",
         "{warm}"
     );
+
+    // A streaming client that leaves mid-answer: its run ends `dropped`.
+    let conn = server.send_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Write a very long story about zebras."}],
+                "max_tokens": 2000, "stream": true, "temperature": 1,
+                // SmolLM2's end tokens banned: the answer cannot end first.
+                "logit_bias": {"0": -100, "2": -100}}),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    conn.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(conn);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&file)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let id = lines
+            .iter()
+            .find(|l| l["event"] == "prompt" && l["text"].as_str().unwrap().contains("zebras"))
+            .map(|l| l["request_id"].clone())
+            .expect("the prompt record");
+        let end = lines.iter().find(|l| {
+            l["request_id"] == id
+                && ["dropped", "answer", "failed"].contains(&l["event"].as_str().unwrap())
+        });
+        if let Some(end) = end {
+            assert_eq!(end["event"], "dropped", "{end}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no end record for {id}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
