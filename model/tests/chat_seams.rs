@@ -7,22 +7,9 @@
 //! folder of this crate; run `./scripts/fetch-model.sh` to get it.
 
 mod common;
-use common::model_path;
-
-use std::sync::OnceLock;
+use common::smollm2_tokenizer as tokenizer;
 
 use ds4_model::chat::Seams;
-use ds4_model::gguf::GgufFile;
-use ds4_model::tokenizer::Tokenizer;
-
-fn tokenizer() -> &'static Tokenizer {
-    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
-    TOKENIZER.get_or_init(|| {
-        let path = model_path();
-        let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        Tokenizer::from_gguf(file.metadata()).expect("SmolLM2 tokenizer builds")
-    })
-}
 
 fn id(s: &str) -> u32 {
     tokenizer()

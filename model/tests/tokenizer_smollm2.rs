@@ -10,23 +10,13 @@
 //! folder of this crate; run `./scripts/fetch-model.sh` to get it.
 
 mod common;
-use common::model_path;
+use common::{model_path, smollm2_tokenizer as tokenizer};
 
-use std::sync::OnceLock;
 use std::time::Instant;
 
 use ds4_model::gguf::GgufFile;
 use ds4_model::tokenizer::{TokenKind, Tokenizer};
 use serde::Deserialize;
-
-fn tokenizer() -> &'static Tokenizer {
-    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
-    TOKENIZER.get_or_init(|| {
-        let path = model_path();
-        let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        Tokenizer::from_gguf(file.metadata()).expect("SmolLM2 tokenizer builds")
-    })
-}
 
 #[derive(Deserialize)]
 struct LlamaCppReference {
