@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use ds4_model::gguf::GgufFile;
 use ds4_proto::layout::rank::{is_routed_experts, Rank};
-use ds4_proto::layout::Plan;
+use ds4_proto::layout::{self, Plan};
 
 use crate::backend::MemoryView;
 use crate::plan;
@@ -50,10 +50,7 @@ pub fn report(
         let all: u64 = routed.iter().map(|t| t.n_bytes).sum();
         let held: u64 = routed
             .iter()
-            .map(|t| {
-                let p = rank.part(&t.name, &t.shape, t.n_bytes);
-                p.bytes.end - p.bytes.start
-            })
+            .map(|t| rank.part(&t.name, &t.shape, t.n_bytes).len())
             .sum();
         let e = rank.experts(experts);
         let _ = writeln!(
@@ -77,7 +74,7 @@ pub fn report(
         s,
         "total      {:.3} GiB in regions ({:.3} GiB of tensor data)",
         total as f64 / GIB,
-        plan::bytes_by_class(file, rank).values().sum::<u64>() as f64 / GIB
+        layout::gguf::held_bytes(file, rank) as f64 / GIB
     );
     let _ = writeln!(s, "reserve    {:.3} GiB", reserve_bytes as f64 / GIB);
     let _ = writeln!(

@@ -33,7 +33,7 @@ pub fn tensor_entries(file: &GgufFile, rank: Rank, plan: &Plan) -> Vec<TensorEnt
                 name: t.name.clone(),
                 region: p.region,
                 offset: p.offset,
-                bytes: part.bytes.end - part.bytes.start,
+                bytes: part.len(),
                 ggml_type: t.ggml_type.id(),
                 shape,
                 layout: layout.into(),
@@ -88,7 +88,7 @@ pub fn tensor_class(name: &str) -> &'static str {
 pub fn bytes_by_class(file: &GgufFile, rank: Rank) -> BTreeMap<&'static str, u64> {
     let mut m = BTreeMap::new();
     for (t, p) in file.tensors().iter().zip(layout::gguf::parts(file, rank)) {
-        *m.entry(tensor_class(&t.name)).or_insert(0) += p.bytes.end - p.bytes.start;
+        *m.entry(tensor_class(&t.name)).or_insert(0) += p.len();
     }
     m
 }

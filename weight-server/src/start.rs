@@ -198,10 +198,7 @@ impl Owner {
         );
         let store = target.allocate(&plan)?;
         let total = model.as_ref().map_or(plan.total_bytes(), |(f, _)| {
-            layout::gguf::parts(f, config.rank)
-                .iter()
-                .map(|p| p.bytes.end - p.bytes.start)
-                .sum()
+            layout::gguf::held_bytes(f, config.rank)
         });
         let mut progress = Progress::new(total, &notifier);
         let t0 = std::time::Instant::now();

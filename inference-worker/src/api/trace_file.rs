@@ -20,10 +20,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
-
-use std::sync::Arc;
 
 use ds4_model::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};

@@ -21,6 +21,11 @@ pub fn parts(file: &GgufFile, rank: Rank) -> Vec<Part> {
         .collect()
 }
 
+/// Tensor bytes `rank` holds of the file.
+pub fn held_bytes(file: &GgufFile, rank: Rank) -> u64 {
+    parts(file, rank).iter().map(Part::len).sum()
+}
+
 /// Plan what `rank` holds of the file's tensors ([`Rank::part`]), in file
 /// order, into regions.
 pub fn plan_rank(file: &GgufFile, rank: Rank, granularity: u64, max_region: u64) -> Plan {
@@ -31,7 +36,7 @@ pub fn plan_rank(file: &GgufFile, rank: Rank, granularity: u64, max_region: u64)
         .zip(&parts)
         .map(|(t, p)| Item {
             name: &t.name,
-            bytes: p.bytes.end - p.bytes.start,
+            bytes: p.len(),
         })
         .collect();
     super::plan(&items, granularity, max_region)

@@ -27,6 +27,17 @@ pub struct Part {
     pub experts: Option<Range<u64>>,
 }
 
+impl Part {
+    /// How many bytes the rank holds of the tensor.
+    pub fn len(&self) -> u64 {
+        self.bytes.end - self.bytes.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl Rank {
     /// The whole model (one owner).
     pub const WHOLE: Rank = Rank { index: 0, of: 1 };
