@@ -82,6 +82,12 @@ pub struct CudaArgs {
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_timing: bool,
+    /// Read kernel sources from DIR where it has them (`common.cuh`,
+    /// `moe.cu`, ...; the others built in), compiled at start: for
+    /// working on a kernel without rebuilding. Changed sources may change
+    /// results.
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_KERNEL_DIR", value_name = "DIR")]
+    pub cuda_kernel_dir: Option<PathBuf>,
 }
 
 impl CudaArgs {
@@ -97,6 +103,10 @@ impl CudaArgs {
             chunk_cmds: self.cuda_chunk,
             profile: self.cuda_profile,
             timing: self.cuda_timing,
+            kernel_dir: self
+                .cuda_kernel_dir
+                .clone()
+                .map(ds4_kernels::cuda::leak_path),
         }
     }
 }

@@ -262,3 +262,20 @@ fn perf_matvec_7b_shapes() {
         }
     }
 }
+
+/// Device-to-device copy of 2 GiB: the memory bandwidth a kernel that
+/// streams its bytes can hope for (read + write counted).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn perf_copy_bandwidth() {
+    let be = CudaBackend::new(0, Numerics::Production).unwrap();
+    let s = be.stream().clone();
+    let n = 2usize << 30;
+    let src = s.alloc_zeros::<u8>(n).unwrap();
+    let mut dst = s.alloc_zeros::<u8>(n).unwrap();
+    let us = time_us(&be, 10, || s.memcpy_dtod(&src, &mut dst).unwrap());
+    println!(
+        "PERF copy_dtod_2GiB {us:.1} us {:.0} GB/s (read + write)",
+        2.0 * n as f64 / us / 1e3
+    );
+}

@@ -44,6 +44,27 @@ struct Cli {
         default_value = "128"
     )]
     n_gen: Vec<usize>,
+    /// Context depths for the decode test: tgN at depth D decodes N tokens
+    /// after a D-token prompt (prefilled once per depth, reported as
+    /// `ctxD` with its prefill tok/s; the repetitions continue on that
+    /// sequence). 0: after a one-token prompt.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
+    /// Prefill in chunks of at most this many tokens, one forward pass
+    /// each (0: the whole prompt in one pass).
+    #[arg(long, default_value_t = 2048)]
+    chunk: usize,
+    /// After the tests, time every kernel of a few decode steps (at the
+    /// first depth) and of one prefill chunk of --chunk tokens, and print
+    /// each table with the time per step (CUDA; kernels run serialized,
+    /// so the tables rank kernels rather than measure speed).
+    #[arg(long)]
+    profile: bool,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 3)]
     repetitions: usize,
@@ -103,10 +124,12 @@ struct Row {
     samples: Vec<f64>,
 }
 
-/// Deterministic ordinary tokens (the low ids are control tokens).
+/// Deterministic ordinary tokens (the low ids are control tokens; a
+/// miniature vocabulary keeps its upper half).
 fn filler(n: usize, vocab: u32) -> Vec<u32> {
+    let base = 1000.min(vocab / 2);
     (0..n as u32)
-        .map(|i| 1000 + (i * 7919) % (vocab - 1000))
+        .map(|i| base + (i * 7919) % (vocab - base))
         .collect()
 }
 
@@ -271,6 +294,48 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// The --profile tables: decode steps after a context of the first
+/// depth, then one prefill chunk (each warmed up once first).
+fn profile<B: Backend + 'static>(
+    cli: &Cli,
+    lm: &LoadedModel<B>,
+    chunk: &[u32],
+    prefill: impl Fn(&mut ds4_model::Sequence<B>, &[u32]) -> anyhow::Result<()>,
+    decode: impl Fn(&mut ds4_model::Sequence<B>, usize) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    const STEPS: usize = 8;
+    let be = &lm.backend;
+    let depth = cli.n_depth.first().copied().unwrap_or(0).max(1);
+    let context: Vec<u32> = filler(depth, lm.model.info().n_vocab as u32);
+    let mut seq = lm.model.new_sequence(be, depth + 2 * STEPS + 1)?;
+    prefill(&mut seq, &context)?;
+    decode(&mut seq, STEPS)?;
+    be.profile(true)?;
+    decode(&mut seq, STEPS)?;
+    let Some(table) = be.profile(false)? else {
+        eprintln!(
+            "--profile: the {} backend has no kernel profiler",
+            be.name()
+        );
+        return Ok(());
+    };
+    println!("\nkernels of {STEPS} decode steps at depth {depth} (divide by {STEPS} for one step):\n{table}");
+    for rep in 0..2 {
+        let mut seq = lm.model.new_sequence(be, chunk.len() + 1)?;
+        if rep == 1 {
+            be.profile(true)?;
+        }
+        lm.model.forward(be, &mut seq, chunk, Logits::Last)?;
+    }
+    if let Some(table) = be.profile(false)? {
+        println!(
+            "\nkernels of one prefill chunk of {} tokens:\n{table}",
+            chunk.len()
+        );
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     init_logging("warn");
     let cli = Cli::parse();
@@ -295,6 +360,32 @@ where
     let be = &lm.backend;
     let reps = cli.repetitions.max(1);
     let mut rows = Vec::new();
+    let row = |test: String, samples: Vec<f64>| Row {
+        model: lm.model_id.clone(),
+        backend: lm.backend.name(),
+        threads: rayon::current_num_threads(),
+        test,
+        tokens_per_s: median(&mut samples.clone()),
+        samples,
+    };
+    // A prompt in chunks of --chunk tokens; logits of the last only.
+    let prefill = |seq: &mut ds4_model::Sequence<B>, prompt: &[u32]| -> anyhow::Result<()> {
+        let step = if cli.chunk == 0 {
+            prompt.len().max(1)
+        } else {
+            cli.chunk
+        };
+        for part in prompt.chunks(step) {
+            lm.model.forward(be, seq, part, Logits::Last)?;
+        }
+        Ok(())
+    };
+    let decode = |seq: &mut ds4_model::Sequence<B>, n: usize| -> anyhow::Result<()> {
+        for tok in tokens(n) {
+            lm.model.forward(be, seq, &[tok], Logits::Last)?;
+        }
+        Ok(())
+    };
 
     for &n in cli.n_prompt.iter().filter(|&&n| n > 0) {
         let prompt = tokens(n);
@@ -302,43 +393,46 @@ where
         for rep in 0..=reps {
             let mut seq = lm.model.new_sequence(be, n + 1)?;
             let t = Instant::now();
-            lm.model.forward(be, &mut seq, &prompt, Logits::Last)?;
+            prefill(&mut seq, &prompt)?;
             if rep > 0 {
                 samples.push(n as f64 / t.elapsed().as_secs_f64()); // rep 0 warms up
             }
         }
-        rows.push(Row {
-            model: lm.model_id.clone(),
-            backend: lm.backend.name(),
-            threads: rayon::current_num_threads(),
-            test: format!("pp{n}"),
-            tokens_per_s: median(&mut samples.clone()),
-            samples,
-        });
+        rows.push(row(format!("pp{n}"), samples));
     }
-    for &n in cli.n_gen.iter().filter(|&&n| n > 0) {
-        let mut samples = Vec::new();
-        for rep in 0..=reps {
-            let mut seq = lm.model.new_sequence(be, n + 2)?;
-            lm.model.forward(be, &mut seq, &tokens(1), Logits::Last)?;
-            let t = Instant::now();
-            for tok in tokens(n) {
-                lm.model.forward(be, &mut seq, &[tok], Logits::Last)?;
-            }
-            if rep > 0 {
-                samples.push(n as f64 / t.elapsed().as_secs_f64());
-            }
+    let gens: Vec<usize> = cli.n_gen.iter().copied().filter(|&n| n > 0).collect();
+    for &depth in &cli.n_depth {
+        if gens.is_empty() {
+            break;
         }
-        rows.push(Row {
-            model: lm.model_id.clone(),
-            backend: lm.backend.name(),
-            threads: rayon::current_num_threads(),
-            test: format!("tg{n}"),
-            tokens_per_s: median(&mut samples.clone()),
-            samples,
-        });
+        let context = tokens(depth.max(1));
+        let room = context.len() + (reps + 1) * gens.iter().sum::<usize>() + 1;
+        let mut seq = lm.model.new_sequence(be, room)?;
+        let t = Instant::now();
+        prefill(&mut seq, &context)?;
+        if depth > 0 {
+            let tps = depth as f64 / t.elapsed().as_secs_f64();
+            rows.push(row(format!("ctx{depth}"), vec![tps]));
+        }
+        let at = |n: usize| match depth {
+            0 => format!("tg{n}"),
+            d => format!("tg{n}@d{d}"),
+        };
+        for &n in &gens {
+            let mut samples = Vec::new();
+            for rep in 0..=reps {
+                let t = Instant::now();
+                decode(&mut seq, n)?;
+                if rep > 0 {
+                    samples.push(n as f64 / t.elapsed().as_secs_f64());
+                }
+            }
+            rows.push(row(at(n), samples));
+        }
     }
-
+    if cli.profile {
+        profile(cli, &lm, &tokens(cli.chunk.max(1)), prefill, decode)?;
+    }
     if cli.json {
         for r in &rows {
             println!("{}", serde_json::to_string(r)?);

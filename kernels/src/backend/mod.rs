@@ -46,6 +46,17 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Starts timing every kernel one by one (`on`), or stops; either way
+    /// returns the table of the profile that was running (kernel, grid,
+    /// calls, time), if any. Work recorded before the call is finished
+    /// first. Timed kernels run serialized and without graphs: the table
+    /// ranks kernels, it does not measure speed. `None` where the backend
+    /// has no profiler (the CPU).
+    fn profile(&self, on: bool) -> Result<Option<String>, BackendError> {
+        let _ = on;
+        Ok(None)
+    }
+
     /// Bytes free in the memory the backend allocates KV blocks and scratch
     /// from, when it is not host memory (a GPU's); `None`: host memory.
     fn device_free_memory(&self) -> Option<u64> {

@@ -42,17 +42,41 @@ pub struct KernelSource {
 impl KernelSource {
     /// The text NVRTC compiles: preludes, then the file.
     pub fn full_source(&self) -> String {
-        let mut s =
-            String::with_capacity(COMMON.len() + QUANT.len() + IQ2.len() + self.src.len() + 96);
-        s.push_str(COMMON);
+        self.assemble(COMMON, QUANT, IQ2, self.src)
+    }
+
+    /// [`KernelSource::full_source`] with each of its files read from
+    /// `dir` where `dir` has it (`common.cuh`, `quant.cuh`, `iq2.cuh`,
+    /// `<name>.cu`), else built in: for working on a kernel without
+    /// rebuilding the binaries. The entry points stay this source's.
+    pub fn full_source_from(&self, dir: &Path) -> Result<String, String> {
+        let read = |file: String, built_in: &'static str| -> Result<String, String> {
+            let path = dir.join(&file);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => Ok(text),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(built_in.to_string()),
+                Err(e) => Err(format!("kernel source {}: {e}", path.display())),
+            }
+        };
+        Ok(self.assemble(
+            &read("common.cuh".into(), COMMON)?,
+            &read("quant.cuh".into(), QUANT)?,
+            &read("iq2.cuh".into(), IQ2)?,
+            &read(format!("{}.cu", self.name), self.src)?,
+        ))
+    }
+
+    fn assemble(&self, common: &str, quant: &str, iq2: &str, src: &str) -> String {
+        let mut s = String::with_capacity(common.len() + quant.len() + iq2.len() + src.len() + 96);
+        s.push_str(common);
         if self.quant {
             s.push_str("\n#line 1 \"quant.cuh\"\n");
-            s.push_str(QUANT);
+            s.push_str(quant);
             s.push_str("\n#line 1 \"iq2.cuh\"\n");
-            s.push_str(IQ2);
+            s.push_str(iq2);
         }
         s.push_str(&format!("\n#line 1 \"{}.cu\"\n", self.name));
-        s.push_str(self.src);
+        s.push_str(src);
         s
     }
 }
@@ -476,14 +500,19 @@ fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     })
 }
 
-/// The PTX of `source` for `arch`: from the disk cache when present,
+/// The PTX of `source` for `arch` (its files from `dir` where given, see
+/// [`KernelSource::full_source_from`]): from the disk cache when present,
 /// otherwise compiled (and stored). Updates `stats`.
 pub fn load_or_compile(
     source: &KernelSource,
     arch: u32,
+    dir: Option<&Path>,
     stats: &mut CompileStats,
 ) -> Result<Ptx, String> {
-    let src = source.full_source();
+    let src = match dir {
+        Some(d) => source.full_source_from(d)?,
+        None => source.full_source(),
+    };
     let dir = cache_dir();
     let path = dir
         .as_ref()

@@ -78,7 +78,7 @@ use crate::quant::GgmlType;
 
 pub use compile::CompileStats;
 pub use compressed::CudaCompressedPool;
-pub use options::CudaOptions;
+pub use options::{leak_path, CudaOptions};
 pub use queue::{GraphStats, HostTiming};
 
 /// Row-major `[rows, cols]` f32 activations in device memory: a piece of
@@ -323,8 +323,8 @@ impl CudaBackend {
         let mut stats = CompileStats::default();
         let mut funcs = HashMap::new();
         for src in compile::SOURCES {
-            let ptx =
-                compile::load_or_compile(src, arch, &mut stats).map_err(BackendError::Device)?;
+            let ptx = compile::load_or_compile(src, arch, opts.kernel_dir, &mut stats)
+                .map_err(BackendError::Device)?;
             let module = ctx
                 .load_module(ptx)
                 .map_err(|e| dev_err(&format!("loading module {}", src.name), e))?;
@@ -351,12 +351,14 @@ impl CudaBackend {
         }
         let mut state = queue::State::new(opts.graphs);
         state.pdl = arch >= 90 && opts.pdl;
+        for (&name, f) in &funcs {
+            state
+                .profile_names
+                .names
+                .insert(f.cu_function() as usize, name);
+        }
         if opts.profile {
-            let mut p = profile::Profile::default();
-            for (&name, f) in &funcs {
-                p.names.insert(f.cu_function() as usize, name);
-            }
-            state.profile = Some(p);
+            state.profile = Some(state.profile_names.fresh());
         }
         let producers = Producer::KERNELS
             .iter()
@@ -881,6 +883,17 @@ impl Backend for CudaBackend {
 
     fn device_resident(&self) -> bool {
         true
+    }
+
+    fn profile(&self, on: bool) -> Result<Option<String>, BackendError> {
+        let mut st = self.lock();
+        // What was recorded before the switch is issued on the old terms.
+        self.sync_locked(&mut st)?;
+        let report = st.profile.take().map(|p| p.report());
+        if on {
+            st.profile = Some(st.profile_names.fresh());
+        }
+        Ok(report)
     }
 
     fn device_free_memory(&self) -> Option<u64> {

@@ -3,7 +3,9 @@
 //! its documented environment variable: [`CudaOptions::from_env`] applies
 //! them over the defaults (the binaries' flags read the same variables),
 //! so nothing deeper in the backend reads the environment. None of the
-//! switches changes results.
+//! switches changes results, except a kernel folder with changed sources.
+
+use std::path::Path;
 
 use crate::backend::Numerics;
 
@@ -36,6 +38,11 @@ pub struct CudaOptions {
     /// Print where the host's time went when the backend is dropped
     /// (`DS4_CUDA_TIMING=1`).
     pub timing: bool,
+    /// Read the kernel sources from this folder where it has them
+    /// (`common.cuh`, `<name>.cu`, ...), else the built-in ones: for
+    /// working on a kernel without rebuilding (`DS4_CUDA_KERNEL_DIR`).
+    /// The folder's name lives for the process.
+    pub kernel_dir: Option<&'static Path>,
 }
 
 impl CudaOptions {
@@ -50,6 +57,7 @@ impl CudaOptions {
         chunk_cmds: CHUNK_CMDS,
         profile: false,
         timing: false,
+        kernel_dir: None,
     };
 
     /// The defaults in `numerics`, with the `DS4_CUDA_*` environment
@@ -66,6 +74,9 @@ impl CudaOptions {
             chunk_cmds: env_usize("DS4_CUDA_CHUNK", d.chunk_cmds),
             profile: env_bool("DS4_CUDA_PROFILE", d.profile),
             timing: env_bool("DS4_CUDA_TIMING", d.timing),
+            kernel_dir: std::env::var_os("DS4_CUDA_KERNEL_DIR")
+                .filter(|v| !v.is_empty())
+                .map(|v| leak_path(v.into())),
         }
     }
 }
@@ -91,6 +102,11 @@ pub const DP4A_TOKENS: usize = 8;
 /// own graph) while the host records the next. 48 against 96: SmolLM2's
 /// decode 1.5% faster, the 7B's the same.
 pub const CHUNK_CMDS: usize = 48;
+
+/// A folder name kept for the rest of the process (options are `Copy`).
+pub fn leak_path(p: std::path::PathBuf) -> &'static Path {
+    Box::leak(p.into_boxed_path())
+}
 
 /// A switch from the environment: `0`, `false`, `off` or `no` is off,
 /// any other value on; unset: `default`.

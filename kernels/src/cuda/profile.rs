@@ -1,9 +1,11 @@
 //! Per-kernel GPU time, for finding where a forward pass spends it.
 //!
-//! With `DS4_CUDA_PROFILE=1` in the environment, recorded commands are
-//! issued one by one between timing events (no graphs), and the backend
-//! prints a table of device time per kernel when it is dropped. Timing
-//! serializes the stream: use it to rank kernels, not to measure speed.
+//! With `DS4_CUDA_PROFILE=1` in the environment (or between
+//! [`crate::Backend::profile`] calls), recorded commands are issued one
+//! by one between timing events (no graphs), and the table of device time
+//! per kernel and grid comes back (or is printed when the backend is
+//! dropped). Timing serializes the stream: use it to rank kernels, not to
+//! measure speed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,8 +20,9 @@ use crate::backend::BackendError;
 pub struct Profile {
     /// Kernel names by function handle.
     pub names: HashMap<usize, &'static str>,
-    /// (calls, milliseconds) per kernel name or command kind.
-    totals: HashMap<&'static str, (u64, f64)>,
+    /// (calls, milliseconds) per kernel name or command kind and grid
+    /// (kernels of one name over different shapes are told apart).
+    totals: HashMap<(&'static str, (u32, u32, u32)), (u64, f64)>,
 }
 
 impl Profile {
@@ -49,38 +52,52 @@ impl Profile {
             let ms = w[0]
                 .elapsed_ms(&w[1])
                 .map_err(|e| dev_err("reading an event", e))? as f64;
-            let name = match c {
-                Cmd::Launch { func, .. } => self.names.get(func).copied().unwrap_or("?"),
-                Cmd::Memset { .. } => "(memset)",
-                Cmd::HtoD { .. } => "(host to device)",
-                Cmd::DtoD { .. } => "(device copy)",
+            let key = match c {
+                Cmd::Launch { func, grid, .. } => {
+                    (self.names.get(func).copied().unwrap_or("?"), *grid)
+                }
+                Cmd::Memset { .. } => ("(memset)", (0, 0, 0)),
+                Cmd::HtoD { .. } => ("(host to device)", (0, 0, 0)),
+                Cmd::DtoD { .. } => ("(device copy)", (0, 0, 0)),
             };
-            let t = self.totals.entry(name).or_default();
+            let t = self.totals.entry(key).or_default();
             t.0 += 1;
             t.1 += ms;
         }
         Ok(())
     }
 
-    /// The table, most time first.
+    /// A profile with the same kernel names and nothing timed yet.
+    pub fn fresh(&self) -> Profile {
+        Profile {
+            names: self.names.clone(),
+            totals: HashMap::new(),
+        }
+    }
+
+    /// The table, most time first: per kernel and grid, its calls, total
+    /// and mean time and share; the last line the sum.
     pub fn report(&self) -> String {
         let mut rows: Vec<_> = self.totals.iter().collect();
         rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
         let total: f64 = rows.iter().map(|r| r.1 .1).sum();
+        let calls: u64 = rows.iter().map(|r| r.1 .0).sum();
         let mut s = format!(
-            "{:<24} {:>9} {:>12} {:>10} {:>6}\n",
-            "kernel", "calls", "total ms", "avg us", "share"
+            "{:<24} {:>18} {:>9} {:>12} {:>10} {:>6}\n",
+            "kernel", "grid", "calls", "total ms", "avg us", "share"
         );
-        for (name, (n, ms)) in rows {
+        for ((name, (gx, gy, gz)), (n, ms)) in rows {
             s += &format!(
-                "{:<24} {:>9} {:>12.3} {:>10.2} {:>5.1}%\n",
+                "{:<24} {:>18} {:>9} {:>12.3} {:>10.2} {:>5.1}%\n",
                 name,
+                format!("{gx}x{gy}x{gz}"),
                 n,
                 ms,
                 1000.0 * ms / *n as f64,
                 100.0 * ms / total.max(1e-9)
             );
         }
+        s += &format!("{:<24} {:>18} {calls:>9} {total:>12.3}\n", "(all)", "");
         s
     }
 }

@@ -187,6 +187,9 @@ pub struct State {
     pub fused_rope_stores: u64,
     /// Set when kernels are timed one by one (see [`super::profile`]).
     pub profile: Option<super::profile::Profile>,
+    /// The kernel names a profile reports under (filled when the modules
+    /// are loaded), so that one can start at any time.
+    pub profile_names: super::profile::Profile,
     /// Buffers dropped while recorded commands may still use them: freed
     /// once those commands are issued (see [`Deferred`]).
     graveyard: Vec<Box<dyn std::any::Any + Send>>,
@@ -214,6 +217,7 @@ impl State {
             fused_quantizations: 0,
             fused_rope_stores: 0,
             profile: None,
+            profile_names: Default::default(),
             graveyard: Vec::new(),
         }
     }
