@@ -48,7 +48,11 @@ impl Region {
                 return Ok(p);
             }
         }
-        let size = bytes.max(2 * self.total()).max(self.min_chunk);
+        // Grow by half of what is held (or the request): the chunks of a
+        // first pass are folded into one at the next reset, so the region
+        // settles at most about 1.5x the largest pass's need; doubling
+        // left it at up to 3x (24 GB of tensors for an 8 GB prefill chunk).
+        let size = bytes.max(self.total() / 2).max(self.min_chunk);
         // SAFETY: region memory is only read after a recorded command wrote it.
         let chunk = unsafe { stream.alloc::<u8>(size) }
             .map_err(|e| dev_err(&format!("allocating {size} bytes of {}", self.what), e))?;
