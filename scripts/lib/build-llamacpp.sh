@@ -9,6 +9,8 @@
 #   LLAMACPP_PY_VERSION  llama-cpp-python release whose vendored llama.cpp is built
 #                        (default: 0.3.36)
 #   LLAMACPP_JOBS        parallel build jobs (default: nproc)
+#   LLAMACPP_SRC_ONLY    when set, fetch and unpack the sources and stop (for
+#                        scripts/device/pack-llamacpp.sh); nothing is printed
 #
 # Layout (git-ignored):
 #   .cache/llama.cpp-<LLAMACPP_PY_VERSION>/src/      vendored llama.cpp sources
@@ -79,6 +81,7 @@ if [[ ! -f "$src/CMakeLists.txt" || ! -f "$cache/COMMIT" ]]; then
 fi
 commit="$(cat "$cache/COMMIT")"
 short="${commit:0:7}"
+[[ -n "${LLAMACPP_SRC_ONLY:-}" ]] && { log "sources of llama.cpp $short in $src"; exit 0; }
 
 # --- build -----------------------------------------------------------------
 # The sources are not a git checkout, so cmake's git probes print "not a git
