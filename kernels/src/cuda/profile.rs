@@ -16,13 +16,17 @@ use super::dev_err;
 use super::queue::Cmd;
 use crate::backend::BackendError;
 
+/// What the profile adds up by: a kernel's name (or a command's kind)
+/// and its grid.
+type Key = (&'static str, (u32, u32, u32));
+
 #[derive(Default)]
 pub struct Profile {
     /// Kernel names by function handle.
     pub names: HashMap<usize, &'static str>,
     /// (calls, milliseconds) per kernel name or command kind and grid
     /// (kernels of one name over different shapes are told apart).
-    totals: HashMap<(&'static str, (u32, u32, u32)), (u64, f64)>,
+    totals: HashMap<Key, (u64, f64)>,
 }
 
 impl Profile {
