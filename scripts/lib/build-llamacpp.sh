@@ -38,24 +38,6 @@ if [[ -x "$bin" && -f "$cache/VERSION" ]]; then
   exit 0
 fi
 
-# --- toolchain -------------------------------------------------------------
-need_apt=()
-command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
-{ command -v c++ >/dev/null 2>&1 && command -v cc >/dev/null 2>&1; } || need_apt+=(build-essential)
-if ((${#need_apt[@]})); then
-  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    log "installing ${need_apt[*]} with apt-get"
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >&2
-  else
-    log "error: missing ${need_apt[*]}."
-    log "  Debian/Ubuntu: sudo apt-get update && sudo apt-get install -y ${need_apt[*]}"
-    log "  Fedora:        sudo dnf install -y cmake gcc-c++"
-    log "  macOS:         brew install cmake"
-    exit 1
-  fi
-fi
-
 # --- sources ---------------------------------------------------------------
 if [[ ! -f "$src/CMakeLists.txt" || ! -f "$cache/COMMIT" ]]; then
   mkdir -p "$cache"
@@ -82,6 +64,24 @@ fi
 commit="$(cat "$cache/COMMIT")"
 short="${commit:0:7}"
 [[ -n "${LLAMACPP_SRC_ONLY:-}" ]] && { log "sources of llama.cpp $short in $src"; exit 0; }
+
+# --- toolchain -------------------------------------------------------------
+need_apt=()
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+{ command -v c++ >/dev/null 2>&1 && command -v cc >/dev/null 2>&1; } || need_apt+=(build-essential)
+if ((${#need_apt[@]})); then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing ${need_apt[*]} with apt-get"
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >&2
+  else
+    log "error: missing ${need_apt[*]}."
+    log "  Debian/Ubuntu: sudo apt-get update && sudo apt-get install -y ${need_apt[*]}"
+    log "  Fedora:        sudo dnf install -y cmake gcc-c++"
+    log "  macOS:         brew install cmake"
+    exit 1
+  fi
+fi
 
 # --- build -----------------------------------------------------------------
 # The sources are not a git checkout, so cmake's git probes print "not a git
