@@ -44,8 +44,25 @@ if [[ ! -f "$src/CMakeLists.txt" || ! -f "$cache/COMMIT" ]]; then
   tmp="$(mktemp -d "$cache/dl.XXXXXX")"
   trap 'rm -rf "$tmp"' EXIT
   log "downloading llama-cpp-python==$py_ver source distribution ..."
-  python3 -m pip download --quiet --no-deps --no-binary :all: \
-    -d "$tmp" "llama-cpp-python==$py_ver" >&2
+  # The sdist straight from the package index's simple page: `pip download
+  # --no-binary` would build cmake and ninja from source only to read its
+  # metadata.
+  python3 - "$py_ver" "$tmp" >&2 <<'PY'
+import hashlib, os, re, sys, urllib.request
+ver, dst = sys.argv[1], sys.argv[2]
+name = f"llama_cpp_python-{ver}.tar.gz"
+with urllib.request.urlopen("https://pypi.org/simple/llama-cpp-python/", timeout=60) as r:
+    page = r.read().decode()
+m = re.search(r'href="([^"#]*/' + re.escape(name) + r')#sha256=([0-9a-f]{64})"', page)
+if not m:
+    sys.exit(f"error: {name} is not on the index")
+path = os.path.join(dst, name)
+urllib.request.urlretrieve(m.group(1), path)
+digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+if digest != m.group(2):
+    sys.exit(f"error: {name}: sha256 {digest}, the index says {m.group(2)}")
+print(f"{name}: {os.path.getsize(path)} bytes, sha256 ok", file=sys.stderr)
+PY
   sdist="$(ls "$tmp"/llama_cpp_python-*.tar.gz)"
   top="llama_cpp_python-$py_ver"
   log "unpacking vendor/llama.cpp ..."
