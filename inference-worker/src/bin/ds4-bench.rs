@@ -368,6 +368,15 @@ where
         tokens_per_s: median(&mut samples.clone()),
         samples,
     };
+    // With --json each row is printed as soon as it is measured, so that
+    // a run cut short keeps what it measured.
+    let emit = |rows: &mut Vec<Row>, r: Row| -> anyhow::Result<()> {
+        if cli.json {
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        rows.push(r);
+        Ok(())
+    };
     // A prompt in chunks of --chunk tokens; logits of the last only.
     let prefill = |seq: &mut ds4_model::Sequence<B>, prompt: &[u32]| -> anyhow::Result<()> {
         let step = if cli.chunk == 0 {
@@ -398,7 +407,7 @@ where
                 samples.push(n as f64 / t.elapsed().as_secs_f64()); // rep 0 warms up
             }
         }
-        rows.push(row(format!("pp{n}"), samples));
+        emit(&mut rows, row(format!("pp{n}"), samples))?;
     }
     let gens: Vec<usize> = cli.n_gen.iter().copied().filter(|&n| n > 0).collect();
     for &depth in &cli.n_depth {
@@ -412,7 +421,7 @@ where
         prefill(&mut seq, &context)?;
         if depth > 0 {
             let tps = depth as f64 / t.elapsed().as_secs_f64();
-            rows.push(row(format!("ctx{depth}"), vec![tps]));
+            emit(&mut rows, row(format!("ctx{depth}"), vec![tps]))?;
         }
         let at = |n: usize| match depth {
             0 => format!("tg{n}"),
@@ -427,17 +436,13 @@ where
                     samples.push(n as f64 / t.elapsed().as_secs_f64());
                 }
             }
-            rows.push(row(at(n), samples));
+            emit(&mut rows, row(at(n), samples))?;
         }
     }
     if cli.profile {
         profile(cli, &lm, &tokens(cli.chunk.max(1)), prefill, decode)?;
     }
-    if cli.json {
-        for r in &rows {
-            println!("{}", serde_json::to_string(r)?);
-        }
-    } else {
+    if !cli.json {
         println!("| model | backend | threads | test | tok/s |");
         println!("| --- | --- | ---: | ---: | ---: |");
         for r in &rows {
