@@ -819,7 +819,12 @@ impl Drop for CudaBackend {
             eprintln!("CUDA kernel time (DS4_CUDA_PROFILE):\n{}", p.report());
         }
         if self.timing {
-            eprintln!("CUDA host time (DS4_CUDA_TIMING): {}", st.timing);
+            let g = st.stats;
+            eprintln!(
+                "CUDA host time (DS4_CUDA_TIMING): {}; lists issued directly {}, graphs captured {}, \
+                 graph replays {}",
+                st.timing, g.direct, g.captured, g.replayed
+            );
         }
     }
 }
