@@ -38,7 +38,8 @@ pub struct ModelArgs {
 const CUDA_HEADING: &str = "CUDA tuning (for measurements and debugging; results are the same)";
 
 /// The CUDA backend's switches (`--device cuda`). Each also reads its
-/// `DS4_CUDA_*` environment variable; none changes results.
+/// `DS4_CUDA_*` environment variable; none changes results beyond the
+/// order in which a few kernels add their terms.
 #[derive(Args, Debug, Clone)]
 pub struct CudaArgs {
     /// Replay repeated forward passes as CUDA graphs.
@@ -57,6 +58,13 @@ pub struct CudaArgs {
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_fused_layer: bool,
+    /// One-token Q8_0 matvecs stage their weight rows in shared memory
+    /// (16-byte loads) and add a row's blocks in the batched kernels'
+    /// order, so a token's result does not depend on its batch (sm_80+).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_STAGED_Q8", value_name = "on|off", default_value = "off",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_staged_q8: bool,
     /// Quantized batches of at most N tokens use the dp4a kernel instead
     /// of the tensor cores.
     #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_DP4A_TOKENS", value_name = "N",
@@ -98,6 +106,7 @@ impl CudaArgs {
             graphs: self.cuda_graphs,
             pdl: self.cuda_pdl,
             fused_layer: self.cuda_fused_layer,
+            staged_q8: self.cuda_staged_q8,
             dp4a_tokens: self.cuda_dp4a_tokens,
             mvt_tokens: self.cuda_mvt_tokens,
             chunk_cmds: self.cuda_chunk,

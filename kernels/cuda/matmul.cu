@@ -279,6 +279,101 @@ __device__ __forceinline__ void mv_q4k16(const u8* W, u64 row_bytes, const i8* a
     mv_store<TPR>(acc, s_part, live, g, row, out, bias);
 }
 
+// Q8_0, one token, rows staged in shared memory. Q8_0 blocks are 34
+// bytes, so mv_q's threads, each reading its own blocks with 2-byte
+// loads, touch a new 128-byte line every few lanes: the L1's wavefronts
+// rather than DRAM then bound the matvec. Here each warp copies its whole
+// weight row into shared memory with 16-byte asynchronous copies
+// (consecutive lanes, consecutive bytes; all of a row in flight at once,
+// issued before pdl_wait since weights do not depend on the kernel
+// before), then lane l takes blocks l, l + 32, ... from shared memory as
+// 4-byte words (the quants of an even block start 2 bytes past a word:
+// funnel shifts). Each block's term is combine's, and lane 0 adds the
+// row's terms in block order from 0, as the tensor-core GEMMs
+// (mm_mma, matmul_tiled.cu) and moe.cu's matvecs do: a row's result has
+// the same bits whichever path its batch takes. Needs rows of a multiple
+// of 256 values (row bytes a multiple of 16, rows 16-byte aligned) and
+// at most 32 * MVS_MAXB blocks. One warp per row, MVS_WARPS rows a block,
+// dynamic shared memory MVS_WARPS * (row bytes + 16). Row r reads the
+// activation row r / group_rows (matmul_grouped: the group of r;
+// group_rows = n_out for a plain matvec).
+#define MVS_WARPS 4  // rows per block (matmul.rs MVS_ROWS)
+#define MVS_MAXB 8   // blocks per lane: rows of at most 8192 values (MVS_MAX_IN)
+
+__device__ __forceinline__ void mvs_q8_0(const u8* W, u64 rb, const i8* aq, const float* ad, float* out,
+                                         int n_out, int n_in, const float* bias, int bx, int group_rows) {
+    extern __shared__ __align__(16) u8 mvs_smem[];
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int row = bx * MVS_WARPS + warp;
+    bool live = row < n_out;  // uniform per warp
+    u8* buf = mvs_smem + (u64)warp * (rb + 16);
+    if (live) {
+        const u8* src = W + (u64)row * rb;
+        for (u64 off = 16 * (u64)lane; off < rb; off += 16 * WARP) cp_async16(buf + off, src + off);
+        cp_async_commit();
+    }
+    pdl_wait();
+    if (!live) return;
+    cp_async_wait<0>();
+    __syncwarp();
+    int g = row / group_rows;
+    const i8* a = aq + (u64)g * n_in;
+    const float* d = ad + (u64)g * (n_in / 32);
+    int nb = n_in / 32;
+    float term[MVS_MAXB];
+#pragma unroll
+    for (int k = 0; k < MVS_MAXB; k++) {
+        int b = lane + k * WARP;
+        term[k] = 0.0f;
+        if (b < nb) {
+            int off = 34 * b + 2;  // the block's quants
+            const u32* wp = (const u32*)(buf + (off & ~3));
+            u32 sh = 8 * (off & 3);
+            u32 w[9];
+#pragma unroll
+            for (int i = 0; i < 9; i++) w[i] = wp[i];
+            const int4* ap = (const int4*)(a + 32 * (u64)b);
+            int4 a0 = ap[0], a1 = ap[1];
+            int lo = 0, hi = 0;
+            lo = __dp4a((int)__funnelshift_r(w[0], w[1], sh), a0.x, lo);
+            lo = __dp4a((int)__funnelshift_r(w[1], w[2], sh), a0.y, lo);
+            lo = __dp4a((int)__funnelshift_r(w[2], w[3], sh), a0.z, lo);
+            lo = __dp4a((int)__funnelshift_r(w[3], w[4], sh), a0.w, lo);
+            hi = __dp4a((int)__funnelshift_r(w[4], w[5], sh), a1.x, hi);
+            hi = __dp4a((int)__funnelshift_r(w[5], w[6], sh), a1.y, hi);
+            hi = __dp4a((int)__funnelshift_r(w[6], w[7], sh), a1.z, hi);
+            hi = __dp4a((int)__funnelshift_r(w[7], w[8], sh), a1.w, hi);
+            u32 h = *(const u16*)(buf + 34 * b);
+            term[k] = TQ8_0::combine_h(h, lo + hi, 0, d[b], 0.0f);
+        }
+    }
+    __syncwarp();  // every lane has read its blocks: the buffer takes the terms
+    float* tb = (float*)buf;
+#pragma unroll
+    for (int k = 0; k < MVS_MAXB; k++) {
+        int b = lane + k * WARP;
+        if (b < nb) tb[b] = term[k];
+    }
+    __syncwarp();
+    if (lane == 0) {
+        float acc = 0.0f;
+        for (int b = 0; b < nb; b++) acc = __fadd_rn(acc, tb[b]);
+        out[row] = bias ? __fadd_rn(acc, bias[row]) : acc;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) mvs_q8_0(MV_PARAMS) {
+    MV_PICK
+    mvs_q8_0(W, rb, aq, ad, out, n_out, n_in, bias, bx, n_out);
+}
+
+// matmul_grouped's one-row case: row r of the stacked weight reads group
+// r / group_rows of the activation and writes out[r].
+extern "C" __global__ void __launch_bounds__(128) mvsg_q8_0(const u8* W, u64 rb, const i8* aq, const float* ad,
+                                                           float* out, int n_out, int n_in, int group_rows) {
+    mvs_q8_0(W, rb, aq, ad, out, n_out, n_in, nullptr, blockIdx.x, group_rows);
+}
+
 extern "C" __global__ void __launch_bounds__(128) mv32_q4_k16(MV_PARAMS) {
     MV_PICK
     mv_q4k16<32>(W, rb, aq, ad, bs, out, n_out, n_in, bias, bx);

@@ -147,14 +147,15 @@ fn add_rms_norm_fused() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn matmul_many_equals_separate_matmuls() {
-    use GgmlType::{F16, Q4_1, Q4_K, Q6_K};
+    use GgmlType::{F16, Q4_1, Q4_K, Q6_K, Q8_0};
     let g = gpu(Numerics::Production);
     let mut rng = Rng::new(32);
-    let cases: [&[(GgmlType, usize)]; 4] = [
+    let cases: [&[(GgmlType, usize)]; 5] = [
         &[(Q4_K, 64), (Q6_K, 96), (F16, 128), (Q4_1, 160)],
         &[(Q4_1, 64), (Q4_1, 96), (Q4_1, 32), (Q4_1, 160)],
         &[(Q4_K, 64), (Q4_K, 96), (Q4_K, 128)],
         &[(Q4_K, 1024), (Q4_K, 1056), (Q6_K, 64)],
+        &[(Q8_0, 64), (Q8_0, 96), (Q8_0, 32)],
     ];
     for case in cases {
         for n_tok in [1, 40] {
@@ -386,6 +387,60 @@ fn matmul_all(numerics: Numerics, tensor_cores: bool) {
     }
     gpu(numerics).set_tensor_cores(true);
     assert!(failed.is_empty(), "failed: {failed:?}");
+}
+
+/// A Q8_0 row decoded alone (the staged matvecs) has the same bits as
+/// that row in a batch on the tensor cores, for plain and grouped weights:
+/// a token's result does not depend on its batch.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn q8_0_decode_rows_equal_batched_rows() {
+    let g = gpu(Numerics::Production);
+    let mut rng = Rng::new(77);
+    let n_tok = 64;
+    for n_in in [1024, 4096, 8192] {
+        let n_out = 300;
+        let bytes = weight_bytes(GgmlType::Q8_0, n_out, n_in, &mut rng);
+        let w = bind(g, "w", GgmlType::Q8_0, n_out, n_in, &bytes);
+        let x = rng.vec(n_tok * n_in, 2.0);
+        let mut batch = g.tensor(n_tok, n_out);
+        g.matmul(&w, &g.tensor_from(n_tok, n_in, &x), &mut batch)
+            .unwrap();
+        let batch = g.to_host(&batch);
+        for t in [0, 17, 63] {
+            let mut one = g.tensor(1, n_out);
+            let xt = g.tensor_from(1, n_in, &x[t * n_in..(t + 1) * n_in]);
+            g.matmul(&w, &xt, &mut one).unwrap();
+            assert!(
+                g.to_host(&one) == batch[t * n_out..(t + 1) * n_out],
+                "Q8_0 {n_out}x{n_in}: token {t} alone differs from its row in a batch of {n_tok}"
+            );
+        }
+    }
+    // Grouped: 4 groups of 96 rows, each reading its 1024 inputs.
+    let (groups, m, n) = (4, 96, 1024);
+    let bytes = weight_bytes(GgmlType::Q8_0, groups * m, n, &mut rng);
+    let w = bind(g, "wg", GgmlType::Q8_0, groups * m, n, &bytes);
+    let x = rng.vec(n_tok * groups * n, 2.0);
+    let mut batch = g.tensor(n_tok, groups * m);
+    g.matmul_grouped(
+        &w,
+        &g.tensor_from(n_tok, groups * n, &x),
+        groups,
+        &mut batch,
+    )
+    .unwrap();
+    let batch = g.to_host(&batch);
+    for t in [0, 40] {
+        let mut one = g.tensor(1, groups * m);
+        let xt = g.tensor_from(1, groups * n, &x[t * groups * n..(t + 1) * groups * n]);
+        g.matmul_grouped(&w, &xt, groups, &mut one).unwrap();
+        assert!(
+            g.to_host(&one) == batch[t * groups * m..(t + 1) * groups * m],
+            "grouped Q8_0: token {t} alone differs from its row in a batch of {n_tok}"
+        );
+    }
+    println!("PARITY q8_0_decode_batch_invariant max_abs=0 rel=0 tol=0");
 }
 
 #[test]

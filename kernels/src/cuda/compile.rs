@@ -150,6 +150,8 @@ pub const SOURCES: &[KernelSource] = &[
             "mv64_q4_k16",
             "mv128_q4_k16",
             "mvr2_q4_k16",
+            "mvs_q8_0",
+            "mvsg_q8_0",
             "mvt8_q4_k16",
             "mvt16_q4_k16",
             "mmq8_q4_k",

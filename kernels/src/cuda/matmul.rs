@@ -229,9 +229,12 @@ fn matvecs(
     // Q4_K rows read with 16-byte loads where the weights allow it.
     let q4k16 = ty == GgmlType::Q4_K && ws.iter().all(|w| be.weight_ptr(w).is_multiple_of(16));
     let rows: usize = ws.iter().map(|w| w.rows).sum();
+    let staged = ws.iter().all(|w| mvs_fits(be, w));
     // Many Q4_K rows: a warp per two rows, loads in flight before use
     // (mv_q4k_w in matmul.cu); 8 rows per block.
-    let (name, rows_per_block) = if q4k16 && rows >= 1024 {
+    let (name, rows_per_block) = if staged {
+        ("mvs_q8_0".to_string(), MVS_ROWS)
+    } else if q4k16 && rows >= 1024 {
         ("mvr2_q4_k16".to_string(), 8)
     } else {
         let suffix = if q4k16 {
@@ -256,10 +259,50 @@ fn matvecs(
         return Ok(());
     }
     let (rb, n_in_i) = (rb as u64, n_in as i32);
-    launch!(be, name.as_str(), (blocks as u32, 1, 1), 128;
+    let smem = if staged { mvs_smem(rb) } else { 0 };
+    launch!(be, name.as_str(), (blocks as u32, 1, 1), (128, smem);
         &m[0].0, &m[0].1, &m[0].2, &m[0].3, &m[1].0, &m[1].1, &m[1].2, &m[1].3,
         &m[2].0, &m[2].1, &m[2].2, &m[2].3, &e0, &e1,
         &rb, &a.aq, &a.ad, &a.asum, &a.bs, &n_in_i)
+}
+
+/// Rows per block of the staged Q8_0 matvecs (`MVS_WARPS` in matmul.cu).
+const MVS_ROWS: usize = 4;
+/// Widest row the staged Q8_0 matvecs take (`MVS_MAXB` blocks a lane).
+const MVS_MAX_IN: usize = 8192;
+
+/// Whether `w` runs through the staged Q8_0 matvecs (`mvs_q8_0` in
+/// matmul.cu): Q8_0 rows of a multiple of 256 values (whole 16-byte
+/// lines), at most [`MVS_MAX_IN`], 16-byte aligned, when the backend
+/// takes them ([`CudaBackend::staged_q8`]).
+pub(super) fn mvs_fits(be: &CudaBackend, w: &CudaWeight) -> bool {
+    w.ggml_type == GgmlType::Q8_0
+        && be.staged_q8()
+        && w.cols.is_multiple_of(256)
+        && w.cols <= MVS_MAX_IN
+        && be.weight_ptr(w).is_multiple_of(16)
+}
+
+/// Dynamic shared memory of a staged Q8_0 matvec block: a row (and 16
+/// bytes of slack for the last block's word reads) per warp.
+fn mvs_smem(rb: u64) -> u32 {
+    (MVS_ROWS as u64 * (rb + 16)) as u32
+}
+
+/// One row through a grouped Q8_0 weight (`matmul_grouped`): stacked row
+/// r reads activation group r / `group_rows` and writes `out[r]`.
+pub(super) fn grouped_matvec(
+    be: &CudaBackend,
+    w: &CudaWeight,
+    group_rows: usize,
+    a: &Act,
+    out: u64,
+) -> Result<(), BackendError> {
+    let blocks = w.rows.div_ceil(MVS_ROWS) as u32;
+    let (wp, rb) = (be.weight_ptr(w), w.row_bytes as u64);
+    let (n_out, n_in, gr) = (w.rows as i32, w.cols as i32, group_rows as i32);
+    launch!(be, "mvsg_q8_0", (blocks, 1, 1), (128, mvs_smem(rb));
+        &wp, &rb, &a.aq, &a.ad, &out, &n_out, &n_in, &gr)
 }
 
 /// Device buffers of one quantized activation (see matmul.cu).

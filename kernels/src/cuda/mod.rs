@@ -260,6 +260,9 @@ pub struct CudaBackend {
     mvt_tokens: usize,
     /// [`CudaOptions::fused_layer`], where the device allows it.
     fused_layer: bool,
+    /// [`CudaOptions::staged_q8`], where the device allows it (sm_80+:
+    /// cp.async).
+    staged_q8: bool,
     /// [`CudaOptions::timing`].
     timing: bool,
     /// Whether the fused layer's cluster fits the device, by its shared
@@ -393,6 +396,7 @@ impl CudaBackend {
             chunk: opts.chunk_cmds,
             timing: opts.timing,
             fused_layer,
+            staged_q8: opts.staged_q8 && arch >= 80,
             cluster_fit: Mutex::new(HashMap::new()),
             tail_ropes: hyper::TailRopes::default(),
         })
@@ -489,6 +493,12 @@ impl CudaBackend {
     }
 
     /// The device's compute capability as `major * 10 + minor` (90: sm_90).
+    /// Whether one-token Q8_0 matvecs take the staged kernels
+    /// ([`CudaOptions::staged_q8`]).
+    pub fn staged_q8(&self) -> bool {
+        self.staged_q8
+    }
+
     pub fn arch(&self) -> u32 {
         self.arch
     }

@@ -337,6 +337,12 @@ pub(super) fn matmul_grouped(
     } else {
         None
     };
+    if let (1, Path::Mv, Some(act)) = (rows, path, &input) {
+        if matmul::mvs_fits(be, w) {
+            // One row of Q8_0: the staged matvec, same bits as the tiles'.
+            return matmul::grouped_matvec(be, w, m, act, out.ptr);
+        }
+    }
     let n_tiles = words.len() / 4;
     let t = Tiles {
         tiles: be.upload_cached(&words)?,

@@ -22,6 +22,11 @@ pub struct CudaOptions {
     /// Single-token passes may run whole dense decoder layers in one
     /// cluster launch on sm_90+ (`DS4_CUDA_FUSED_LAYER=0`: op by op).
     pub fused_layer: bool,
+    /// One-token Q8_0 matvecs copy their weight rows into shared memory
+    /// with 16-byte loads and add a row's blocks in order, as the batched
+    /// kernels do (`DS4_CUDA_STAGED_Q8=1`; off: one block a thread,
+    /// 2-byte loads).
+    pub staged_q8: bool,
     /// Quantized batches of at most this many tokens run the dp4a kernel
     /// rather than the tensor cores (`DS4_CUDA_DP4A_TOKENS`).
     pub dp4a_tokens: usize,
@@ -52,6 +57,8 @@ impl CudaOptions {
         graphs: true,
         pdl: true,
         fused_layer: true,
+        // Off until measured on a GPU (bench/NOTES.md).
+        staged_q8: false,
         dp4a_tokens: DP4A_TOKENS,
         mvt_tokens: MVT_TOKENS,
         chunk_cmds: CHUNK_CMDS,
@@ -69,6 +76,7 @@ impl CudaOptions {
             graphs: env_bool("DS4_CUDA_GRAPHS", d.graphs),
             pdl: env_bool("DS4_CUDA_PDL", d.pdl),
             fused_layer: env_bool("DS4_CUDA_FUSED_LAYER", d.fused_layer),
+            staged_q8: env_bool("DS4_CUDA_STAGED_Q8", d.staged_q8),
             dp4a_tokens: env_usize("DS4_CUDA_DP4A_TOKENS", d.dp4a_tokens),
             mvt_tokens: env_usize("DS4_CUDA_MVT_TOKENS", d.mvt_tokens),
             chunk_cmds: env_usize("DS4_CUDA_CHUNK", d.chunk_cmds),
