@@ -396,6 +396,12 @@ fn matmul_all(numerics: Numerics, tensor_cores: bool) {
 #[ignore = "needs a CUDA GPU"]
 fn q8_0_decode_rows_equal_batched_rows() {
     let g = gpu(Numerics::Production);
+    if !g.staged_q8() {
+        // mv_q adds a row's blocks in its own order: only the staged
+        // kernels promise this (DS4_CUDA_STAGED_Q8=1).
+        println!("PARITY q8_0_decode_batch_invariant skipped: staged Q8_0 matvecs are off");
+        return;
+    }
     let mut rng = Rng::new(77);
     let n_tok = 64;
     for n_in in [1024, 4096, 8192] {
