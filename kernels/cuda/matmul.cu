@@ -610,6 +610,48 @@ __device__ __forceinline__ void mm_f(const u8* W, u64 row_bytes, const float* x,
     }
 }
 
+// F16 weights: mm_f's chunk a lane reads with 2-byte loads 64 bytes
+// apart, 16 lines a warp instruction. Here lane l takes the 8-value
+// groups l, l + 32, ... of its row with one 16-byte load each (a warp
+// reads 512 consecutive bytes), each group's dot in a fixed order and the
+// lane's groups in order, whatever NT: mmf1 and mmf8 give the same bits.
+// Rows 16-byte aligned (n_in % 8 == 0; bound F16 rows are).
+template <int NT>
+__device__ __forceinline__ void mm_f16(const u8* W, u64 row_bytes, const float* x, float* out, int n_out,
+                                       int n_in, int n_tok) {
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int row = blockIdx.x * MM_WARPS + warp;
+    if (row >= n_out) return;
+    int t0 = blockIdx.y * NT;
+    const uint4* wr = (const uint4*)(W + (u64)row * row_bytes);
+    int ng = n_in / 8;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+#pragma unroll 4
+    for (int j = lane; j < ng; j += WARP) {
+        uint4 q = wr[j];
+        float w[8] = {lo_h(q.x), hi_h(q.x), lo_h(q.y), hi_h(q.y), lo_h(q.z), hi_h(q.z), lo_h(q.w), hi_h(q.w)};
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int tok = t0 + t;
+            if (tok < n_tok) {
+                const float4* xp = (const float4*)(x + (u64)tok * n_in + 8 * (u64)j);
+                float4 v0 = xp[0], v1 = xp[1];
+                float s = w[0] * v0.x + w[1] * v0.y + w[2] * v0.z + w[3] * v0.w + w[4] * v1.x + w[5] * v1.y +
+                          w[6] * v1.z + w[7] * v1.w;
+                acc[t] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        int tok = t0 + t;
+        float v = warp_sum(acc[t]);
+        if (lane == 0 && tok < n_tok) out[(u64)tok * n_out + row] = v;
+    }
+}
+
 // ---- tensor cores (sm_80+): batches of tokens, production numerics -----
 //
 // A warp computes a tile of 16 weight rows x 8 * MMA_TT tokens; per
@@ -790,7 +832,18 @@ MM_Q(q2_k, TQ2_K)
 MM_Q(iq2_xxs, TIQ2_XXS)
 
 MM_F(f32, TF32)
-MM_F(f16, TF16)
+// F16 rows that are not 16-byte aligned: mm_f (matmul.rs picks).
+MM_F(f16u, TF16)
+extern "C" __global__ void __launch_bounds__(128) mmf1_f16(const u8* W, u64 rb, const float* x, float* out,
+                                                          int n_out, int n_in, int n_tok) {
+    pdl_wait();
+    mm_f16<1>(W, rb, x, out, n_out, n_in, n_tok);
+}
+extern "C" __global__ void __launch_bounds__(128) mmf8_f16(const u8* W, u64 rb, const float* x, float* out,
+                                                          int n_out, int n_in, int n_tok) {
+    pdl_wait();
+    mm_f16<8>(W, rb, x, out, n_out, n_in, n_tok);
+}
 MM_F(q4_0, TQ4_0)
 MM_F(q4_1, TQ4_1)
 MM_F(q5_0, TQ5_0)

@@ -174,6 +174,8 @@ pub const SOURCES: &[KernelSource] = &[
             "mmf8_f32",
             "mmf1_f16",
             "mmf8_f16",
+            "mmf1_f16u",
+            "mmf8_f16u",
             "mmf1_q4_0",
             "mmf8_q4_0",
             "mmf1_q4_1",

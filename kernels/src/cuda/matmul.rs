@@ -490,8 +490,19 @@ fn launch_float(
         n_tok.div_ceil(nt) as u32,
         1,
     );
-    let suffix = kernel_suffix(w.ggml_type).expect("bound weights have a CUDA type");
     let (wp, rb, op) = (be.weight_ptr(w), w.row_bytes as u64, out.ptr);
+    // F16 rows are read 16 bytes at a time where they are aligned so.
+    let suffix = match kernel_suffix(w.ggml_type).expect("bound weights have a CUDA type") {
+        "f16"
+            if !(wp.is_multiple_of(16)
+                && rb.is_multiple_of(16)
+                && xp.is_multiple_of(16)
+                && n_in % 8 == 0) =>
+        {
+            "f16u"
+        }
+        s => s,
+    };
     let (n_out_i, n_in_i, n_tok_i) = (n_out as i32, n_in as i32, n_tok as i32);
     let name = format!("mmf{nt}_{suffix}");
     launch!(be, name.as_str(), grid, 128; &wp, &rb, &xp, &op, &n_out_i, &n_in_i, &n_tok_i)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A kernel switch measured on DeepSeek V4 Flash at full size, both sides
+# in the same run, with llama.cpp on the same file: the parity tests of
+# the kernels it touches first, then ds4-bench with the switch off (A)
+# and on (B), each with the per-kernel profile, then llama-bench, then
+# one table per side.
+#
+#   scripts/device/ds4-flash-ab.sh               # GPU machine, repo root
+#
+# Env: A and B (the environment of each side, default
+# DS4_CUDA_STAGED_Q8=0 and DS4_CUDA_STAGED_Q8=1), PARITY (test binary and
+# filters, run with B's environment: "BIN FILTER..." entries separated by
+# ';', default the staged Q8_0 and grouped matvec tests), REPS (default
+# 5), PROMPTS (default 512), DEPTHS (default 4096), OUT (default
+# /tmp/ds4-flash-ab), plus what scripts/device/bench-ds4-vs-llamacpp.sh
+# reads (BIN, GEN, DS4_FLASH_FILE, DS4_FLAGS, WORK). A GPU with less than
+# 100 GB gets the first 28 blocks only (LAYERS=28, a smaller file of the
+# same shapes). Kernel PTX is cached in DS4_KERNEL_CACHE (default
+# $OUT/kernel-cache).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+bench="$root/scripts/device/bench-ds4-vs-llamacpp.sh"
+bin="${BIN:-$root/.device/bin}"
+out="${OUT:-/tmp/ds4-flash-ab}"
+side_a="${A:-DS4_CUDA_STAGED_Q8=0}"
+side_b="${B:-DS4_CUDA_STAGED_Q8=1}"
+parity="${PARITY:-cuda_parity q8_0_decode matmul_many matmul_every_type_production; cuda_moe grouped experts_row_independent}"
+export REPS="${REPS:-5}" PROMPTS="${PROMPTS:-512}" DEPTHS="${DEPTHS:-4096}" LLAMA_DEPTHS="${LLAMA_DEPTHS-4096}"
+export DS4_KERNEL_CACHE="${DS4_KERNEL_CACHE:-$out/kernel-cache}" NO_COLOR=1
+mkdir -p "$out/a" "$out/b"
+say() { echo "[$(date +%T)] $*" >&2; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$out/gpu.txt" >&2
+mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+if [[ -z "${DS4_FLASH_FILE:-}" && "${mem:-0}" -lt 100000 ]]; then
+  export LAYERS=28 DS4_FLASH_FILE=/dev/shm/ds4-flash-q2-l28.gguf
+fi
+
+OUT="$out/a" "$bench" build file || exit 1
+
+status=0
+IFS=';' read -ra runs <<<"$parity"
+for r in "${runs[@]}"; do
+  read -ra words <<<"$r"
+  [[ ${#words[@]} -eq 0 ]] && continue
+  t="${words[0]}"
+  say "parity: $r (with $side_b)"
+  env $side_b "$bin/$t" --ignored --test-threads=1 "${words[@]:1}" >"$out/parity-$t.log" 2>&1 || status=1
+  grep -E '^test result|FAILED|panicked' "$out/parity-$t.log" >&2
+done
+
+for side in a b; do
+  envs="$side_a"; [[ $side == b ]] && envs="$side_b"
+  say "ds4 side $side: $envs"
+  env $envs DS4_CUDA_TIMING="${DS4_CUDA_TIMING:-0}" PROFILE=1 OUT="$out/$side" "$bench" ds4
+done
+
+OUT="$out/a" "$bench" llama
+for f in llama.json llama-depth.json; do
+  [[ -e "$out/a/$f" ]] && cp "$out/a/$f" "$out/b/$f"
+done
+for side in a b; do
+  envs="$side_a"; [[ $side == b ]] && envs="$side_b"
+  echo
+  echo "## side $side: $envs"
+  for p in ds4-profile.txt; do
+    [[ -s "$out/$side/$p" ]] && head -60 "$out/$side/$p"
+  done
+done
+for side in a b; do
+  envs="$side_a"; [[ $side == b ]] && envs="$side_b"
+  echo
+  echo "## side $side: $envs"
+  OUT="$out/$side" "$bench" table
+done
+exit $status
