@@ -279,3 +279,121 @@ fn perf_copy_bandwidth() {
         2.0 * n as f64 / us / 1e3
     );
 }
+
+/// The ops of one DeepSeek V4 Flash decode step at its shapes (d 4096,
+/// 256 experts of n_ff 2048, k 6, the q2 expert types, Q8_0 projections,
+/// 4 hyper-connection streams), one token: each op's time and the bytes it
+/// must read. Weights rotate through enough copies (experts: a different
+/// route each run) that they come from memory, not the 50 MB L2, as a
+/// step's 43 layers do.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn perf_ds4_decode_ops() {
+    use ds4_kernels::backend::HcConfig;
+    let be = CudaBackend::new(0, Numerics::Production).unwrap();
+    let (d, n_ff, ne, k) = (4096usize, 2048usize, 256usize, 6usize);
+    let gate = weight(&be, GgmlType::IQ2_XXS, ne * n_ff, d);
+    let up = weight(&be, GgmlType::IQ2_XXS, ne * n_ff, d);
+    let down = weight(&be, GgmlType::Q2_K, ne * d, n_ff);
+    let x = be.tensor_from(1, d, &vec![0.5; d]);
+    let routes: Vec<_> = (0..40)
+        .map(|i| {
+            let ids: Vec<f32> = (0..k).map(|j| ((i * 37 + j * 41) % ne) as f32).collect();
+            be.tensor_from(1, k, &ids)
+        })
+        .collect();
+    let wts = be.tensor_from(1, k, &[0.15; 6]);
+    let mut out = be.tensor(1, d);
+    let mut i = 0;
+    let us = time_us(&be, 30, || {
+        be.moe_experts(
+            &gate,
+            &up,
+            &down,
+            ne,
+            &x,
+            &routes[i % routes.len()],
+            &wts,
+            10.0,
+            &mut out,
+        )
+        .unwrap();
+        i += 1;
+    });
+    let per_expert = 2 * GgmlType::IQ2_XXS.row_bytes(d).unwrap() * n_ff
+        + GgmlType::Q2_K.row_bytes(n_ff).unwrap() * d;
+    let bytes = (k * per_expert) as f64;
+    println!(
+        "PERF ds4_moe_experts_1x6 {us:.2} us {:.0} GB/s",
+        bytes / us / 1e3
+    );
+    drop((gate, up, down));
+
+    // Q8_0 projections: (name, rows, cols, groups), 8 copies each.
+    let q8 = GgmlType::Q8_0;
+    for (name, rows, cols, groups) in [
+        ("q_b", 32768, 1024, 1),
+        ("out_a", 8192, 4096, 8),
+        ("out_b", 4096, 8192, 1),
+        ("shared_down", 4096, 2048, 1),
+    ] {
+        let ws: Vec<_> = (0..8).map(|_| weight(&be, q8, rows, cols)).collect();
+        let x = be.tensor_from(1, cols * groups, &vec![0.5; cols * groups]);
+        let mut out = be.tensor(1, rows);
+        let mut i = 0;
+        let us = time_us(&be, 30, || {
+            let w = &ws[i % ws.len()];
+            if groups == 1 {
+                be.matmul(w, &x, &mut out).unwrap();
+            } else {
+                be.matmul_grouped(w, &x, groups, &mut out).unwrap();
+            }
+            i += 1;
+        });
+        let bytes = (q8.row_bytes(cols).unwrap() * rows) as f64;
+        println!(
+            "PERF ds4_{name}_q8_0 {us:.2} us {:.0} GB/s",
+            bytes / us / 1e3
+        );
+    }
+    // The shared expert's gate and up in one launch.
+    let pairs: Vec<_> = (0..8)
+        .map(|_| (weight(&be, q8, n_ff, d), weight(&be, q8, n_ff, d)))
+        .collect();
+    let (mut g, mut u) = (be.tensor(1, n_ff), be.tensor(1, n_ff));
+    let mut i = 0;
+    let us = time_us(&be, 30, || {
+        let (a, b) = &pairs[i % pairs.len()];
+        be.matmul_many(&[a, b], None, &x, &mut [&mut g, &mut u])
+            .unwrap();
+        i += 1;
+    });
+    let bytes = (2 * q8.row_bytes(d).unwrap() * n_ff) as f64;
+    println!(
+        "PERF ds4_shared_gate_up_q8_0 {us:.2} us {:.0} GB/s",
+        bytes / us / 1e3
+    );
+
+    // Hyper-connection pre: 4 streams of d, the F16 mix of 24 outputs.
+    let cfg = HcConfig {
+        n_hc: 4,
+        iters: 20,
+        eps: 1e-6,
+        norm_eps: 1e-6,
+    };
+    let nw = cfg.mix_width();
+    let mix = weight(&be, GgmlType::F16, nw, 4 * d);
+    let scale = weight(&be, GgmlType::F32, 1, 3);
+    let base = weight(&be, GgmlType::F32, 1, nw);
+    let xs = be.tensor_from(1, 4 * d, &vec![0.25; 4 * d]);
+    let (mut col, mut split) = (be.tensor(1, d), be.tensor(1, nw));
+    let us = time_us(&be, 50, || {
+        be.hc_pre(&xs, &mix, &scale, &base, &cfg, &mut col, &mut split)
+            .unwrap()
+    });
+    println!("PERF ds4_hc_pre {us:.2} us");
+    let y = be.tensor_from(1, d, &vec![0.1; d]);
+    let mut xs2 = be.tensor_from(1, 4 * d, &vec![0.25; 4 * d]);
+    let us = time_us(&be, 50, || be.hc_post(&mut xs2, &y, &split, &cfg));
+    println!("PERF ds4_hc_post {us:.2} us");
+}

@@ -24,8 +24,8 @@ bin="${BIN:-$root/.device/bin}"
 out="${OUT:-/tmp/ds4-flash-ab}"
 side_a="${A:-DS4_CUDA_STAGED_Q8=0}"
 side_b="${B:-DS4_CUDA_STAGED_Q8=1}"
-parity="${PARITY:-cuda_parity q8_0_decode matmul_many matmul_every_type_production; cuda_moe grouped experts_row_independent}"
-export REPS="${REPS:-5}" PROMPTS="${PROMPTS:-512}" DEPTHS="${DEPTHS:-4096}" LLAMA_DEPTHS="${LLAMA_DEPTHS-4096}"
+parity="${PARITY-cuda_parity q8_0_decode matmul_many matmul_every_type_production; cuda_moe grouped experts_row_independent}"
+export REPS="${REPS:-5}" PROMPTS="${PROMPTS:-512}" DEPTHS="${DEPTHS-4096}" LLAMA_DEPTHS="${LLAMA_DEPTHS-${DEPTHS-4096}}"
 export DS4_KERNEL_CACHE="${DS4_KERNEL_CACHE:-$out/kernel-cache}" NO_COLOR=1
 mkdir -p "$out/a" "$out/b"
 say() { echo "[$(date +%T)] $*" >&2; }
@@ -73,4 +73,6 @@ for side in a b; do
   echo "## side $side: $envs"
   OUT="$out/$side" "$bench" table
 done
+# Everything measured in one archive beside the logs.
+tar -C "$out" --exclude kernel-cache -czf "$out.tar.gz" . 2>/dev/null
 exit $status
