@@ -81,6 +81,19 @@ __device__ __forceinline__ void chunk_dot(const int* q, int s0, int s1, int m, c
 
 
 
+// The end of a warp-per-row matvec (mm_q, mm_f, mm_f16): each token's
+// lane sums added over the warp, lane 0 writing the row's output.
+template <int NT>
+__device__ __forceinline__ void mm_store(const float* acc, float* out, int row, int n_out, int t0, int n_tok) {
+    int lane = threadIdx.x % WARP;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        int tok = t0 + t;
+        float v = warp_sum(acc[t]);
+        if (lane == 0 && tok < n_tok) out[(u64)tok * n_out + row] = v;
+    }
+}
+
 template <class T, int NT>
 __device__ __forceinline__ void mm_q(const u8* W, u64 row_bytes, const i8* aq, const float* ad,
                                      const float* as, const int* bs, float* out, int n_out,
@@ -118,12 +131,7 @@ __device__ __forceinline__ void mm_q(const u8* W, u64 row_bytes, const i8* aq, c
             acc[t] += T::combine_h(h, isum, summs, ad[ai], T::ACT == 1 && sub == 0 ? as[ai] : 0.0f);
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        int tok = t0 + t;
-        float v = warp_sum(acc[t]);
-        if (lane == 0 && tok < n_tok) out[(u64)tok * n_out + row] = v;
-    }
+    mm_store<NT>(acc, out, row, n_out, t0, n_tok);
 }
 
 // ---- one token (decode), production ------------------------------------
@@ -602,12 +610,7 @@ __device__ __forceinline__ void mm_f(const u8* W, u64 row_bytes, const float* x,
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        int tok = t0 + t;
-        float v = warp_sum(acc[t]);
-        if (lane == 0 && tok < n_tok) out[(u64)tok * n_out + row] = v;
-    }
+    mm_store<NT>(acc, out, row, n_out, t0, n_tok);
 }
 
 // F16 weights: mm_f's chunk a lane reads with 2-byte loads 64 bytes
@@ -644,12 +647,7 @@ __device__ __forceinline__ void mm_f16(const u8* W, u64 row_bytes, const float* 
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        int tok = t0 + t;
-        float v = warp_sum(acc[t]);
-        if (lane == 0 && tok < n_tok) out[(u64)tok * n_out + row] = v;
-    }
+    mm_store<NT>(acc, out, row, n_out, t0, n_tok);
 }
 
 // ---- tensor cores (sm_80+): batches of tokens, production numerics -----

@@ -81,10 +81,11 @@ phase_ds4() {
   grep '^PERF copy' "$out/copy.log" >&2
   local profile=()
   [[ "${PROFILE:-0}" == 1 ]] && profile=(--profile)
-  say "ds4-bench: prefill $prompts, decode at depths 0${depths:+,$depths}, $reps repetitions ${profile[*]}"
+  local all_depths="0${depths:+,$depths}"
+  say "ds4-bench: prefill $prompts, decode at depths $all_depths, $reps repetitions ${profile[*]}"
   watch_memory ds4-gpu-mib & local watcher=$!
   # shellcheck disable=SC2086
-  "$bin/ds4-bench" -m "$file" --device cuda -p "$prompts" -n 128 -d "0${depths:+,$depths}" -r "$reps" \
+  "$bin/ds4-bench" -m "$file" --device cuda -p "$prompts" -n 128 -d "$all_depths" -r "$reps" \
     --json "${profile[@]}" ${DS4_FLAGS:-} >"$out/ds4.out" 2>"$out/ds4.log"
   local rc=$?
   kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null

@@ -29,6 +29,7 @@ export REPS="${REPS:-5}" PROMPTS="${PROMPTS:-512}" DEPTHS="${DEPTHS-4096}" LLAMA
 export DS4_KERNEL_CACHE="${DS4_KERNEL_CACHE:-$out/kernel-cache}" NO_COLOR=1
 mkdir -p "$out/a" "$out/b"
 say() { echo "[$(date +%T)] $*" >&2; }
+side_env() { if [[ $1 == a ]]; then echo "$side_a"; else echo "$side_b"; fi; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$out/gpu.txt" >&2
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
@@ -50,7 +51,7 @@ for r in "${runs[@]}"; do
 done
 
 for side in a b; do
-  envs="$side_a"; [[ $side == b ]] && envs="$side_b"
+  envs="$(side_env $side)"
   say "ds4 side $side: $envs"
   env $envs DS4_CUDA_TIMING="${DS4_CUDA_TIMING:-0}" PROFILE=1 OUT="$out/$side" "$bench" ds4
 done
@@ -59,19 +60,16 @@ OUT="$out/a" "$bench" llama
 for f in llama.json llama-depth.json; do
   [[ -e "$out/a/$f" ]] && cp "$out/a/$f" "$out/b/$f"
 done
-for side in a b; do
-  envs="$side_a"; [[ $side == b ]] && envs="$side_b"
-  echo
-  echo "## side $side: $envs"
-  for p in ds4-profile.txt; do
-    [[ -s "$out/$side/$p" ]] && head -60 "$out/$side/$p"
+for phase in profile table; do
+  for side in a b; do
+    echo
+    echo "## side $side: $(side_env $side)"
+    if [[ $phase == profile ]]; then
+      [[ -s "$out/$side/ds4-profile.txt" ]] && head -60 "$out/$side/ds4-profile.txt"
+    else
+      OUT="$out/$side" "$bench" table
+    fi
   done
-done
-for side in a b; do
-  envs="$side_a"; [[ $side == b ]] && envs="$side_b"
-  echo
-  echo "## side $side: $envs"
-  OUT="$out/$side" "$bench" table
 done
 # Everything measured in one archive beside the logs.
 tar -C "$out" --exclude kernel-cache -czf "$out.tar.gz" . 2>/dev/null

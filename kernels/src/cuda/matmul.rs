@@ -491,14 +491,10 @@ fn launch_float(
         1,
     );
     let (wp, rb, op) = (be.weight_ptr(w), w.row_bytes as u64, out.ptr);
-    // F16 rows are read 16 bytes at a time where they are aligned so.
+    // F16 rows are read 16 bytes at a time where they are aligned so
+    // (16-byte rows: n_in % 8 == 0).
     let suffix = match kernel_suffix(w.ggml_type).expect("bound weights have a CUDA type") {
-        "f16"
-            if !(wp.is_multiple_of(16)
-                && rb.is_multiple_of(16)
-                && xp.is_multiple_of(16)
-                && n_in % 8 == 0) =>
-        {
+        "f16" if !(wp.is_multiple_of(16) && rb.is_multiple_of(16) && xp.is_multiple_of(16)) => {
             "f16u"
         }
         s => s,
