@@ -65,6 +65,12 @@ pub struct CudaArgs {
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_staged_q8: bool,
+    /// Expert and grouped matvecs of a few tokens run one warp per output
+    /// row (off: the block-per-rows kernels; same results).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_WARP_MV", value_name = "on|off", default_value = "on",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_warp_mv: bool,
     /// Quantized batches of at most N tokens use the dp4a kernel instead
     /// of the tensor cores.
     #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_DP4A_TOKENS", value_name = "N",
@@ -107,6 +113,7 @@ impl CudaArgs {
             pdl: self.cuda_pdl,
             fused_layer: self.cuda_fused_layer,
             staged_q8: self.cuda_staged_q8,
+            warp_mv: self.cuda_warp_mv,
             dp4a_tokens: self.cuda_dp4a_tokens,
             mvt_tokens: self.cuda_mvt_tokens,
             chunk_cmds: self.cuda_chunk,

@@ -94,6 +94,10 @@ __device__ __forceinline__ int iq2_signed(u32 gw, u32 sg) {
     return (int)__vsub4(gw ^ m, m);
 }
 
+// ksigns_iq2xs[x] without the lookup: x with bit 7 set where x has an
+// odd number of bits (every pattern negates an even number of values).
+__device__ __forceinline__ u32 iq2_signs(u32 x) { return x | ((__popc(x) & 1u) << 7); }
+
 struct TIQ2_XXS {
     static constexpr int NSUB = 8, BYTES = 66, ACT = 2;
     static __device__ __forceinline__ int word(const u8* b, int sub, int i) {
@@ -132,19 +136,24 @@ struct TIQ2_XXS {
     }
 };
 
-// All 8 words of a chunk from its 4 grid points (word() looks each up twice).
-template <>
-__device__ __forceinline__ void load_chunk<TIQ2_XXS>(const u8* b, int sub, int* q, int& s0, int& s1, int& m) {
-    const u8* g = b + 2 + 8 * sub;
-    u32 a = ld32_2(g), s = ld32_2(g + 4);
+// All 8 words and the scales of a chunk from its two words a (grid
+// points) and s (signs, group scale).
+__device__ __forceinline__ void iq2_expand(u32 a, u32 s, int* q, int& s0, int& s1, int& m) {
 #pragma unroll
     for (int l = 0; l < 4; l++) {
         u64 gp = iq2xxs_grid[(a >> (8 * l)) & 255];
-        u32 sg = ksigns_iq2xs[(s >> (7 * l)) & 127];
+        u32 sg = iq2_signs((s >> (7 * l)) & 127);
         q[2 * l] = iq2_signed((u32)gp, sg);
         q[2 * l + 1] = iq2_signed((u32)(gp >> 32), sg >> 4);
     }
     s0 = 2 * (int)(s >> 28) + 1;
     s1 = s0;
     m = 0;
+}
+
+// All 8 words of a chunk from its 4 grid points (word() looks each up twice).
+template <>
+__device__ __forceinline__ void load_chunk<TIQ2_XXS>(const u8* b, int sub, int* q, int& s0, int& s1, int& m) {
+    const u8* g = b + 2 + 8 * sub;
+    iq2_expand(ld32_2(g), ld32_2(g + 4), q, s0, s1, m);
 }

@@ -436,6 +436,146 @@ __device__ __forceinline__ void moe_f(const u8* W0, const u8* W1, u64 rb, int n_
     mv_store<GU>(part, nb, nr, tile, stride, row0, n_out, src, out, wts, clamp);
 }
 
+// ---- one warp per output row (decode) --------------------------------------
+
+// One weight chunk a lane holds while the warp's other loads are in
+// flight; expand() gives load_chunk's words and scales, hdr its block's
+// T::hdr. Default: the expanded chunk itself; IQ2_XXS keeps its two raw
+// words (3 registers instead of 12) and expands them when used.
+template <class T>
+struct DvChunk {
+    int q[8], s0, s1, m;
+    u32 h;
+    __device__ __forceinline__ void load(const u8* blk, int sub) {
+        load_chunk<T>(blk, sub, q, s0, s1, m);
+        h = T::hdr(blk);
+    }
+    __device__ __forceinline__ void clear() {
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = 0;
+        s0 = s1 = m = 0;
+        h = 0;
+    }
+    __device__ __forceinline__ void expand(int* w, int& a, int& b, int& c) const {
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = q[i];
+        a = s0;
+        b = s1;
+        c = m;
+    }
+};
+template <>
+struct DvChunk<TIQ2_XXS> {
+    u32 a, s, h;
+    __device__ __forceinline__ void load(const u8* blk, int sub) {
+        const u8* g = blk + 2 + 8 * sub;
+        a = ld32_2(g);
+        s = ld32_2(g + 4);
+        h = TIQ2_XXS::hdr(blk);
+    }
+    __device__ __forceinline__ void clear() { a = s = h = 0; }
+    __device__ __forceinline__ void expand(int* w, int& s0, int& s1, int& m) const {
+        iq2_expand(a, s, w, s0, s1, m);
+    }
+};
+// Chunks a lane loads before using any: a whole IQ2_XXS gate and up row
+// pair of 4096 values at once.
+template <class T> struct DvU { static constexpr int v = 4; };
+template <> struct DvU<TIQ2_XXS> { static constexpr int v = 8; };
+
+#define DV_WARPS 4  // rows (GU: gate and up row pairs) per block (moe.rs DV_ROWS)
+
+// Production numerics, the tiles' entries (at most MV_NT) through one
+// output row j a warp (GU: gate row j of W0 and up row j of W1): lane l
+// takes chunks l, l + 32, ... of the row, all of a step's loads issued
+// before any is used; a block's integer sums are added over its NSUB
+// lanes with shuffles (exact), its term is T::combine_h, and the terms
+// are added in block order into one register per (row, entry), so every
+// entry gets moe_mv's bits. No shared memory, no block barrier.
+// grid = (ceil(n_out / DV_WARPS), tile bound), DV_WARPS warps.
+template <class T, bool GU>
+__device__ __forceinline__ void moe_dv(const u8* W0, const u8* W1, u64 rb, int n_out, int n_in,
+                                       const int4* tiles, const int* n_tiles, const int* src, int div, int stride,
+                                       const i8* aq, const float* ad, const float* as, const int* bs, float* out,
+                                       const float* wts, float clamp) {
+    constexpr int L = T::NSUB, U = DvU<T>::v, R = GU ? 2 : 1, G = WARP / L;
+    static_assert(U % R == 0, "a step holds whole row pairs");
+    pdl_wait();
+    if ((int)blockIdx.y >= *n_tiles) return;
+    int4 tile = tiles[blockIdx.y];
+    int lane = threadIdx.x % WARP, sub = lane % L;
+    int j = blockIdx.x * DV_WARPS + threadIdx.x / WARP;
+    if (j >= n_out) return;  // the whole warp
+    int cnt = tile.z, myrow = 0;  // lane t < cnt: entry t's activation row
+    if (lane < cnt) {
+        int p = tile.y + lane * stride;
+        myrow = src ? src[p] / div : p;
+    }
+    int nch = n_in / 32, nb = nch / L;
+    u64 nab = n_in / 32, nbs = n_in / 16;
+    const u8* wr0 = W0 + ((u64)tile.x * n_out + j) * rb;
+    const u8* wr1 = GU ? W1 + ((u64)tile.x * n_out + j) * rb : wr0;
+    float acc[R][MV_NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < MV_NT; t++) acc[r][t] = 0.0f;
+    int steps = (nch + WARP - 1) / WARP;  // chunks of a row per lane
+    for (int i0 = 0; i0 < steps; i0 += U / R) {
+        DvChunk<T> ch[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = (i0 + u / R) * WARP + lane;
+            if (i0 + u / R < steps && c < nch)
+                ch[u].load((u % R ? wr1 : wr0) + (u64)(c / L) * T::BYTES, c % L);
+            else
+                ch[u].clear();
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = i0 + u / R;
+            if (i >= steps) break;  // uniform over the warp
+            int c = i * WARP + lane, b = c / L;
+            bool ok = c < nch;
+            int q[8], s0, s1, m;
+            ch[u].expand(q, s0, s1, m);
+#pragma unroll
+            for (int t = 0; t < MV_NT; t++) {
+                if (t >= cnt) break;  // uniform over the warp
+                int row = __shfl_sync(FULL_MASK, myrow, t);
+                int is = 0, sm = 0;
+                if (ok)
+                    mv_chunk_dot<T>(q, s0, s1, m, aq + (u64)row * n_in + 32 * c, bs + (u64)row * nbs + 2 * c, is,
+                                    sm);
+#pragma unroll
+                for (int o = L / 2; o > 0; o >>= 1) {
+                    is += __shfl_xor_sync(FULL_MASK, is, o);
+                    if (HasMin<T>::v) sm += __shfl_xor_sync(FULL_MASK, sm, o);
+                }
+                float term = 0.0f;
+                if (ok) {
+                    u64 ai = (u64)row * nab + b;
+                    term = T::combine_h(ch[u].h, is, sm, ad[ai], T::ACT == 1 ? as[ai] : 0.0f);
+                }
+                // This step's blocks i G .. i G + G - 1, in order.
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    float v = __shfl_sync(FULL_MASK, term, g * L);
+                    if (i * G + g < nb) acc[u % R][t] = __fadd_rn(acc[u % R][t], v);
+                }
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < MV_NT; t++) {
+            if (t >= cnt) break;
+            u64 p = (u64)(tile.y + t * stride);
+            out[p * n_out + j] = GU ? swiglu_clamped_w(acc[0][t], acc[R - 1][t], clamp, wts[src[p]]) : acc[0][t];
+        }
+    }
+}
+
 #define MV_PARAMS                                                                                  \
     const u8 *W0, const u8 *W1, u64 rb, int n_out, int n_in, int nr, const int4 *tiles,            \
         const int *n_tiles, const int *src, int div, int stride
@@ -451,6 +591,20 @@ __device__ __forceinline__ void moe_f(const u8* W0, const u8* W1, u64 rb, int n_
         MV_PARAMS, const i8* aq, const float* ad, const float* as, const int* bs, float* out,      \
         const float* wts, float clamp) {                                                           \
         moe_mv<T, true>(MV_ARGS, aq, ad, as, bs, out, wts, clamp);                                 \
+    }
+
+#define DV_PARAMS                                                                                  \
+    const u8 *W0, const u8 *W1, u64 rb, int n_out, int n_in, const int4 *tiles, const int *n_tiles, \
+        const int *src, int div, int stride, const i8 *aq, const float *ad, const float *as,         \
+        const int *bs, float *out, const float *wts, float clamp
+#define DV_ARGS W0, W1, rb, n_out, n_in, tiles, n_tiles, src, div, stride, aq, ad, as, bs, out, wts, clamp
+
+#define MOE_DV(name, T)                                                                            \
+    extern "C" __global__ void __launch_bounds__(DV_WARPS * WARP, 8) moe_dv_##name(DV_PARAMS) {     \
+        moe_dv<T, false>(DV_ARGS);                                                                 \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(DV_WARPS * WARP, 8) moe_dvgu_##name(DV_PARAMS) {   \
+        moe_dv<T, true>(DV_ARGS);                                                                  \
     }
 
 #define MOE_F(name, T)                                                                             \
@@ -472,6 +626,16 @@ MOE_MV(q4_k, TQ4_K)
 MOE_MV(q5_k, TQ5_K)
 MOE_MV(q6_k, TQ6_K)
 MOE_MV(iq2_xxs, TIQ2_XXS)
+
+MOE_DV(q4_0, TQ4_0)
+MOE_DV(q4_1, TQ4_1)
+MOE_DV(q5_0, TQ5_0)
+MOE_DV(q8_0, TQ8_0)
+MOE_DV(q2_k, TQ2_K)
+MOE_DV(q4_k, TQ4_K)
+MOE_DV(q5_k, TQ5_K)
+MOE_DV(q6_k, TQ6_K)
+MOE_DV(iq2_xxs, TIQ2_XXS)
 
 MOE_F(f32, TF32)
 MOE_F(f16, TF16)

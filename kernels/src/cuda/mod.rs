@@ -263,6 +263,8 @@ pub struct CudaBackend {
     /// [`CudaOptions::staged_q8`], where the device allows it (sm_80+:
     /// cp.async).
     staged_q8: bool,
+    /// [`CudaOptions::warp_mv`].
+    warp_mv: bool,
     /// [`CudaOptions::timing`].
     timing: bool,
     /// Whether the fused layer's cluster fits the device, by its shared
@@ -397,6 +399,7 @@ impl CudaBackend {
             timing: opts.timing,
             fused_layer,
             staged_q8: opts.staged_q8 && arch >= 80,
+            warp_mv: opts.warp_mv,
             cluster_fit: Mutex::new(HashMap::new()),
             tail_ropes: hyper::TailRopes::default(),
         })
@@ -497,6 +500,12 @@ impl CudaBackend {
     /// ([`CudaOptions::staged_q8`]).
     pub fn staged_q8(&self) -> bool {
         self.staged_q8
+    }
+
+    /// Whether expert and grouped matvecs take one warp per output row
+    /// ([`CudaOptions::warp_mv`]).
+    pub fn warp_mv(&self) -> bool {
+        self.warp_mv
     }
 
     pub fn arch(&self) -> u32 {

@@ -48,6 +48,9 @@ const PLAN_WARPS: usize = 8;
 /// per tile of 8 and are bound by those bytes; above, int8 dp4a work per
 /// byte outgrows them). Not tuned on a GPU yet.
 const GEMM_TOKENS: usize = 6;
+/// Output rows (SwiGLU: gate and up row pairs) of a warp-per-row matvec
+/// block, one a warp (`DV_WARPS`).
+const DV_ROWS: usize = 4;
 /// Weight-block terms a matvec block computes (two per thread).
 const MV_ITEMS: usize = 256;
 /// Shared memory a matvec block may use without opting in.
@@ -218,6 +221,15 @@ fn project(
                 clamp,
             };
             matmul::gathered_tiled(be, &g, wc, gu, split_tokens, a)
+        }
+        (Path::Mv, Input::Quantized(a)) if be.warp_mv() => {
+            let suffix = kernel_suffix(ty).expect("bound weights have a CUDA type");
+            let name = format!("moe_dv{}_{suffix}", if gu { "gu" } else { "" });
+            let grid = (p.n_out.div_ceil(DV_ROWS) as u32, t.max as u32, 1);
+            let (n_out_i, n_in_i) = (p.n_out as i32, p.n_in as i32);
+            launch!(be, name.as_str(), grid, ((32 * DV_ROWS) as u32, 0);
+                &w0, &w1, &rb, &n_out_i, &n_in_i, &t.tiles, &t.n_tiles, &t.src, &t.div,
+                &t.stride, &a.aq, &a.ad, &a.asum, &a.bs, &out, &wts, &clamp)
         }
         (Path::Mv, Input::Quantized(a)) => {
             let (nr, smem) = mv_shape(ty, p.n_in, gu)?;

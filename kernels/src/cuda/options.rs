@@ -27,6 +27,11 @@ pub struct CudaOptions {
     /// kernels do (`DS4_CUDA_STAGED_Q8=1`; off: one block a thread,
     /// 2-byte loads).
     pub staged_q8: bool,
+    /// Expert and grouped matvecs of a few entries take one warp per
+    /// output row, every lane's loads in flight at once
+    /// (`DS4_CUDA_WARP_MV=0`: the block-per-rows kernels, which stage
+    /// block terms in shared memory). Same bits either way.
+    pub warp_mv: bool,
     /// Quantized batches of at most this many tokens run the dp4a kernel
     /// rather than the tensor cores (`DS4_CUDA_DP4A_TOKENS`).
     pub dp4a_tokens: usize,
@@ -59,6 +64,7 @@ impl CudaOptions {
         fused_layer: true,
         // Off until measured on a GPU (bench/NOTES.md).
         staged_q8: false,
+        warp_mv: true,
         dp4a_tokens: DP4A_TOKENS,
         mvt_tokens: MVT_TOKENS,
         chunk_cmds: CHUNK_CMDS,
@@ -77,6 +83,7 @@ impl CudaOptions {
             pdl: env_bool("DS4_CUDA_PDL", d.pdl),
             fused_layer: env_bool("DS4_CUDA_FUSED_LAYER", d.fused_layer),
             staged_q8: env_bool("DS4_CUDA_STAGED_Q8", d.staged_q8),
+            warp_mv: env_bool("DS4_CUDA_WARP_MV", d.warp_mv),
             dp4a_tokens: env_usize("DS4_CUDA_DP4A_TOKENS", d.dp4a_tokens),
             mvt_tokens: env_usize("DS4_CUDA_MVT_TOKENS", d.mvt_tokens),
             chunk_cmds: env_usize("DS4_CUDA_CHUNK", d.chunk_cmds),

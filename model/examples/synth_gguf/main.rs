@@ -228,7 +228,8 @@ impl Layout {
         offset
     }
 
-    /// Keep only the first `n` blocks.
+    /// Keep only the first `n` blocks (and of every per-block array in
+    /// the metadata, its first `n` values).
     fn keep_layers(&mut self, n: u64) -> Result<()> {
         let arch = self
             .get("general.architecture")
@@ -256,6 +257,15 @@ impl Layout {
             .is_some_and(|h| h > n)
         {
             self.set(&hash, MetaValue::U32(n as u32));
+        }
+        // Per-block arrays (one value a block, as llama.cpp checks them).
+        let prefix = format!("{arch}.");
+        for (k, v) in &mut self.metadata {
+            if let MetaValue::Array(items) = v {
+                if k.starts_with(&prefix) && items.len() as u64 == have {
+                    items.truncate(n as usize);
+                }
+            }
         }
         self.tensors.retain(|t| {
             match t
