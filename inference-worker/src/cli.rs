@@ -52,6 +52,12 @@ pub struct CudaArgs {
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_pdl: bool,
+    /// With early launches, zero fresh tensors with a kernel rather than
+    /// memsets (which stop the next kernel's early launch).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_ZERO_KERNEL", value_name = "on|off", default_value = "on",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_zero_kernel: bool,
     /// Run a one-token pass's dense decoder layers as one cluster launch
     /// each (sm_90+).
     #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_FUSED_LAYER", value_name = "on|off", default_value = "on",
@@ -111,6 +117,7 @@ impl CudaArgs {
             numerics,
             graphs: self.cuda_graphs,
             pdl: self.cuda_pdl,
+            zero_kernel: self.cuda_zero_kernel,
             fused_layer: self.cuda_fused_layer,
             staged_q8: self.cuda_staged_q8,
             warp_mv: self.cuda_warp_mv,

@@ -173,3 +173,16 @@ extern "C" __global__ void argmax_rows(const float* x, u32* out, int cols) {
         if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
     }
 }
+
+// Zeroes `bytes` at dst (16-byte aligned): the backend's memsets of fresh
+// tensors where kernels launch early (sm_90+), so that one does not stop
+// the kernels after it from launching before it finishes, as a memset
+// node does. Waits like any kernel: the memory may be what a kernel ahead
+// of it still reads. grid-stride, 256 threads, 16 bytes a thread a pass.
+extern "C" __global__ void __launch_bounds__(256) zero_bytes(u8* dst, u64 bytes) {
+    pdl_wait();
+    u64 n16 = bytes / 16, step = (u64)gridDim.x * blockDim.x;
+    uint4* d = (uint4*)dst;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += step) d[i] = make_uint4(0, 0, 0, 0);
+    for (u64 i = n16 * 16 + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < bytes; i += step) dst[i] = 0;
+}

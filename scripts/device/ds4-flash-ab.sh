@@ -8,7 +8,8 @@
 #   scripts/device/ds4-flash-ab.sh               # GPU machine, repo root
 #
 # Env: A and B (the environment of each side, default
-# DS4_CUDA_STAGED_Q8=0 and DS4_CUDA_STAGED_Q8=1), PARITY (test binary and
+# DS4_CUDA_STAGED_Q8=0 and DS4_CUDA_STAGED_Q8=1; C, where set, a third
+# side), PARITY (test binary and
 # filters, run with B's environment: "BIN FILTER..." entries separated by
 # ';', default the staged Q8_0 and grouped matvec tests), REPS (default
 # 5), PROMPTS (default 512), DEPTHS (default 4096), OUT (default
@@ -24,12 +25,14 @@ bin="${BIN:-$root/.device/bin}"
 out="${OUT:-/tmp/ds4-flash-ab}"
 side_a="${A:-DS4_CUDA_STAGED_Q8=0}"
 side_b="${B:-DS4_CUDA_STAGED_Q8=1}"
+side_c="${C:-}"
+sides="a b"; [[ -n "$side_c" ]] && sides="a b c"
 parity="${PARITY-cuda_parity q8_0_decode matmul_many matmul_every_type_production; cuda_moe grouped experts_row_independent}"
 export REPS="${REPS:-5}" PROMPTS="${PROMPTS:-512}" DEPTHS="${DEPTHS-4096}" LLAMA_DEPTHS="${LLAMA_DEPTHS-${DEPTHS-4096}}"
 export DS4_KERNEL_CACHE="${DS4_KERNEL_CACHE:-$out/kernel-cache}" NO_COLOR=1
-mkdir -p "$out/a" "$out/b"
+mkdir -p "$out/a" "$out/b" "$out/c"
 say() { echo "[$(date +%T)] $*" >&2; }
-side_env() { if [[ $1 == a ]]; then echo "$side_a"; else echo "$side_b"; fi; }
+side_env() { case $1 in a) echo "$side_a" ;; b) echo "$side_b" ;; c) echo "$side_c" ;; esac; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$out/gpu.txt" >&2
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
@@ -50,7 +53,7 @@ for r in "${runs[@]}"; do
   grep -E '^test result|FAILED|panicked' "$out/parity-$t.log" >&2
 done
 
-for side in a b; do
+for side in $sides; do
   envs="$(side_env $side)"
   say "ds4 side $side: $envs"
   env $envs DS4_CUDA_TIMING="${DS4_CUDA_TIMING:-0}" PROFILE=1 OUT="$out/$side" "$bench" ds4
@@ -58,10 +61,10 @@ done
 
 OUT="$out/a" "$bench" llama
 for f in llama.json llama-depth.json; do
-  [[ -e "$out/a/$f" ]] && cp "$out/a/$f" "$out/b/$f"
+  for side in $sides; do [[ -e "$out/a/$f" && $side != a ]] && cp "$out/a/$f" "$out/$side/$f"; done
 done
 for phase in profile table; do
-  for side in a b; do
+  for side in $sides; do
     echo
     echo "## side $side: $(side_env $side)"
     if [[ $phase == profile ]]; then

@@ -17,7 +17,7 @@ use super::dev_err;
 use crate::backend::BackendError;
 
 /// Alignment of every allocation (covers vector loads of any width).
-const ALIGN: usize = 256;
+pub(super) const ALIGN: usize = 256;
 
 /// A device bump allocator over one or more chunks.
 pub struct Region {

@@ -96,6 +96,7 @@ pub const SOURCES: &[KernelSource] = &[
             "add_bias",
             "rope",
             "argmax_rows",
+            "zero_bytes",
         ],
     },
     KernelSource {

@@ -356,6 +356,9 @@ impl CudaBackend {
         }
         let mut state = queue::State::new(opts.graphs);
         state.pdl = arch >= 90 && opts.pdl;
+        if state.pdl && opts.zero_kernel {
+            state.zero_func = funcs["zero_bytes"].cu_function() as usize;
+        }
         for (&name, f) in &funcs {
             state
                 .profile_names

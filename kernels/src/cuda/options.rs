@@ -19,6 +19,11 @@ pub struct CudaOptions {
     /// Programmatic dependent launches on sm_90+ (`DS4_CUDA_PDL=0`: each
     /// kernel after the previous one finished).
     pub pdl: bool,
+    /// With `pdl`, fresh tensors are zeroed by a kernel that launches
+    /// early like the others rather than by memsets, which stop the
+    /// early launch of the kernel after them (`DS4_CUDA_ZERO_KERNEL=0`:
+    /// memsets).
+    pub zero_kernel: bool,
     /// Single-token passes may run whole dense decoder layers in one
     /// cluster launch on sm_90+ (`DS4_CUDA_FUSED_LAYER=0`: op by op).
     pub fused_layer: bool,
@@ -61,6 +66,7 @@ impl CudaOptions {
         numerics: Numerics::Production,
         graphs: true,
         pdl: true,
+        zero_kernel: true,
         fused_layer: true,
         // Off until measured on a GPU (bench/NOTES.md).
         staged_q8: false,
@@ -81,6 +87,7 @@ impl CudaOptions {
             numerics,
             graphs: env_bool("DS4_CUDA_GRAPHS", d.graphs),
             pdl: env_bool("DS4_CUDA_PDL", d.pdl),
+            zero_kernel: env_bool("DS4_CUDA_ZERO_KERNEL", d.zero_kernel),
             fused_layer: env_bool("DS4_CUDA_FUSED_LAYER", d.fused_layer),
             staged_q8: env_bool("DS4_CUDA_STAGED_Q8", d.staged_q8),
             warp_mv: env_bool("DS4_CUDA_WARP_MV", d.warp_mv),

@@ -64,6 +64,9 @@ impl KernelArg for f32 {
     }
 }
 
+/// Bytes one `zero_bytes` block clears per pass (256 threads, 16 each).
+const ZERO_BLOCK_BYTES: u64 = 4096;
+
 /// One recorded command. Equal lists issue identical work. (Most are
 /// launches, so boxing their arguments would only add an allocation.)
 #[allow(clippy::large_enum_variant)]
@@ -175,6 +178,10 @@ pub struct State {
     /// `pdl_wait` in common.cuh): each may start while the one before it
     /// finishes.
     pub pdl: bool,
+    /// With `pdl`: the `zero_bytes` kernel's handle, which then zeroes in
+    /// place of memsets (a run of adjacent ones in one launch), so that
+    /// fresh tensors do not break the chain of early launches; 0: memsets.
+    pub zero_func: usize,
     tick: u64,
     pub stats: GraphStats,
     pub timing: HostTiming,
@@ -210,6 +217,7 @@ impl State {
             n_graphs: 0,
             graphs_on,
             pdl: false,
+            zero_func: 0,
             tick: 0,
             stats: GraphStats::default(),
             timing: HostTiming::default(),
@@ -417,7 +425,7 @@ impl State {
         }
         if !self.graphs_on || self.cmds.len() < MIN_GRAPH_CMDS {
             self.stats.direct += 1;
-            return issue(stream, &self.cmds, self.pdl);
+            return issue(stream, &self.cmds, self.pdl, self.zero_func);
         }
         self.tick += 1;
         let tick = self.tick;
@@ -432,7 +440,7 @@ impl State {
                     .map_err(|e| dev_err("launching a CUDA graph", e));
             }
             if g.seen == 2 {
-                if let Some(graph) = capture(stream, &self.cmds, self.pdl)? {
+                if let Some(graph) = capture(stream, &self.cmds, self.pdl, self.zero_func)? {
                     graph
                         .launch()
                         .map_err(|e| dev_err("launching a CUDA graph", e))?;
@@ -442,10 +450,10 @@ impl State {
                 }
             }
             self.stats.direct += 1;
-            return issue(stream, &self.cmds, self.pdl);
+            return issue(stream, &self.cmds, self.pdl, self.zero_func);
         }
         self.stats.direct += 1;
-        issue(stream, &self.cmds, self.pdl)?;
+        issue(stream, &self.cmds, self.pdl, self.zero_func)?;
         bucket.push(Graph {
             cmds: self.cmds.clone(),
             graph: None,
@@ -534,22 +542,65 @@ fn capture(
     stream: &Arc<CudaStream>,
     cmds: &[Cmd],
     pdl: bool,
+    zero_func: usize,
 ) -> Result<Option<CudaGraph>, BackendError> {
     use sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as MODE;
     if stream.begin_capture(MODE).is_err() {
         return Ok(None);
     }
-    let issued = issue(stream, cmds, pdl);
+    let issued = issue(stream, cmds, pdl, zero_func);
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     issued?;
     Ok(graph.ok().flatten())
 }
 
 /// Issues `cmds` on `stream`; with `pdl`, kernels launch with
-/// programmatic stream serialization (see [`State::pdl`]).
-pub fn issue(stream: &CudaStream, cmds: &[Cmd], pdl: bool) -> Result<(), BackendError> {
+/// programmatic stream serialization (see [`State::pdl`]), and memsets
+/// run as `zero_func` where it is not 0 ([`State::zero_func`]).
+pub fn issue(
+    stream: &CudaStream,
+    cmds: &[Cmd],
+    pdl: bool,
+    zero_func: usize,
+) -> Result<(), BackendError> {
     let s = stream.cu_stream();
-    for c in cmds {
+    let mut i = 0;
+    while i < cmds.len() {
+        let c = &cmds[i];
+        i += 1;
+        if let (true, true, Cmd::Memset { dst, bytes }) = (pdl, zero_func != 0, c) {
+            // The run of memsets that continue this one (arena tensors
+            // made one after the other; the padding between them belongs
+            // to no tensor): one launch.
+            let (dst, mut end) = (*dst, *dst + *bytes as u64);
+            while let Some(Cmd::Memset { dst: d, bytes: b }) = cmds.get(i) {
+                if *d != end.next_multiple_of(super::arena::ALIGN as u64) {
+                    break;
+                }
+                end = *d + *b as u64;
+                i += 1;
+            }
+            let mut args = [dst, end - dst];
+            let mut params = [std::ptr::null_mut::<c_void>(); 2];
+            for (p, v) in params.iter_mut().zip(args.iter_mut()) {
+                *p = (v as *mut u64).cast();
+            }
+            let blocks = (end - dst).div_ceil(ZERO_BLOCK_BYTES).clamp(1, 1024) as u32;
+            // SAFETY: the range is arena memory of live tensors (see
+            // below); zero_bytes(u8* dst, u64 bytes) takes two words.
+            unsafe {
+                launch_pdl(
+                    zero_func as sys::CUfunction,
+                    (blocks, 1, 1),
+                    256,
+                    0,
+                    s,
+                    &mut params,
+                )
+            }
+            .map_err(|e| dev_err(&format!("issuing {}", describe(c)), e))?;
+            continue;
+        }
         // SAFETY: every command was recorded by an op wrapper that checked
         // its pointers and sizes against live allocations (weights, KV
         // pools, or arena memory that stays allocated until its region is
