@@ -54,7 +54,7 @@ pub struct CudaArgs {
     pub cuda_pdl: bool,
     /// With early launches, zero fresh tensors with a kernel rather than
     /// memsets (which stop the next kernel's early launch).
-    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_ZERO_KERNEL", value_name = "on|off", default_value = "on",
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_ZERO_KERNEL", value_name = "on|off", default_value = "off",
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_zero_kernel: bool,
@@ -73,7 +73,7 @@ pub struct CudaArgs {
     pub cuda_staged_q8: bool,
     /// Expert and grouped matvecs of a few tokens run one warp per output
     /// row (off: the block-per-rows kernels; same results).
-    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_WARP_MV", value_name = "on|off", default_value = "on",
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_WARP_MV", value_name = "on|off", default_value = "off",
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_warp_mv: bool,

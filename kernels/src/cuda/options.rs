@@ -21,8 +21,8 @@ pub struct CudaOptions {
     pub pdl: bool,
     /// With `pdl`, fresh tensors are zeroed by a kernel that launches
     /// early like the others rather than by memsets, which stop the
-    /// early launch of the kernel after them (`DS4_CUDA_ZERO_KERNEL=0`:
-    /// memsets).
+    /// early launch of the kernel after them (`DS4_CUDA_ZERO_KERNEL=1`;
+    /// off: memsets).
     pub zero_kernel: bool,
     /// Single-token passes may run whole dense decoder layers in one
     /// cluster launch on sm_90+ (`DS4_CUDA_FUSED_LAYER=0`: op by op).
@@ -34,8 +34,8 @@ pub struct CudaOptions {
     pub staged_q8: bool,
     /// Expert and grouped matvecs of a few entries take one warp per
     /// output row, every lane's loads in flight at once
-    /// (`DS4_CUDA_WARP_MV=0`: the block-per-rows kernels, which stage
-    /// block terms in shared memory). Same bits either way.
+    /// (`DS4_CUDA_WARP_MV=1`; off: the block-per-rows kernels, which
+    /// stage block terms in shared memory). Same bits either way.
     pub warp_mv: bool,
     /// Quantized batches of at most this many tokens run the dp4a kernel
     /// rather than the tensor cores (`DS4_CUDA_DP4A_TOKENS`).
@@ -66,11 +66,13 @@ impl CudaOptions {
         numerics: Numerics::Production,
         graphs: true,
         pdl: true,
-        zero_kernel: true,
+        // Off until measured on a GPU (bench/NOTES.md).
+        zero_kernel: false,
         fused_layer: true,
         // Off until measured on a GPU (bench/NOTES.md).
         staged_q8: false,
-        warp_mv: true,
+        // Off until measured on a GPU (bench/NOTES.md).
+        warp_mv: false,
         dp4a_tokens: DP4A_TOKENS,
         mvt_tokens: MVT_TOKENS,
         chunk_cmds: CHUNK_CMDS,
