@@ -73,7 +73,7 @@ pub struct CudaArgs {
     pub cuda_staged_q8: bool,
     /// Expert and grouped matvecs of a few tokens run one warp per output
     /// row (off: the block-per-rows kernels; same results).
-    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_WARP_MV", value_name = "on|off", default_value = "off",
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_WARP_MV", value_name = "on|off", default_value = "on",
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_warp_mv: bool,

@@ -1,5 +1,6 @@
 //! Every CUDA kernel source compiles with NVRTC (no GPU needed, only
-//! libnvrtc), defines every kernel the Rust wrappers load, and every
+//! libnvrtc), defines every kernel the Rust wrappers load and no other
+//! (an unlisted kernel is never loaded), and every
 //! kernel waits for the one ahead of it (programmatic launches).
 //!
 //! Without libnvrtc the test says why and passes, unless
@@ -36,6 +37,16 @@ fn every_kernel_source_compiles_with_nvrtc() {
                             failures.push(format!("{}.cu for sm_{arch}: no kernel {k}", src.name));
                         }
                     }
+                    // The reverse: a kernel the module defines but does
+                    // not list is never loaded, and its launch panics.
+                    for k in entries(&ptx) {
+                        if !src.kernels.contains(&k.as_str()) {
+                            failures.push(format!(
+                                "{}.cu for sm_{arch}: kernel {k} is not in its SOURCES list (compile.rs), so it is never loaded",
+                                src.name
+                            ));
+                        }
+                    }
                     failures.extend(
                         kernels_without_pdl_wait(&ptx)
                             .into_iter()
@@ -65,5 +76,13 @@ fn kernels_without_pdl_wait(ptx: &str) -> Vec<String> {
         .skip(1)
         .filter(|body| !body.contains("griddepcontrol.wait"))
         .map(|body| body.split('(').next().unwrap_or("?").to_string())
+        .collect()
+}
+
+/// The kernel names `ptx` defines.
+fn entries(ptx: &str) -> Vec<String> {
+    ptx.split(".entry ")
+        .skip(1)
+        .map(|body| body.split('(').next().unwrap_or("?").trim().to_string())
         .collect()
 }
