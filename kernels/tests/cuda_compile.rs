@@ -39,8 +39,8 @@ fn every_kernel_source_compiles_with_nvrtc() {
                     }
                     // The reverse: a kernel the module defines but does
                     // not list is never loaded, and its launch panics.
-                    for k in entries(&ptx) {
-                        if !src.kernels.contains(&k.as_str()) {
+                    for (k, _) in entry_bodies(&ptx) {
+                        if !src.kernels.contains(&k) {
                             failures.push(format!(
                                 "{}.cu for sm_{arch}: kernel {k} is not in its SOURCES list (compile.rs), so it is never loaded",
                                 src.name
@@ -72,17 +72,15 @@ fn every_kernel_source_compiles_with_nvrtc() {
 /// each must wait (`pdl_wait` in common.cuh) before touching anything but
 /// weights.
 fn kernels_without_pdl_wait(ptx: &str) -> Vec<String> {
-    ptx.split(".entry ")
-        .skip(1)
-        .filter(|body| !body.contains("griddepcontrol.wait"))
-        .map(|body| body.split('(').next().unwrap_or("?").to_string())
+    entry_bodies(ptx)
+        .filter(|(_, body)| !body.contains("griddepcontrol.wait"))
+        .map(|(name, _)| name.to_string())
         .collect()
 }
 
-/// The kernel names `ptx` defines.
-fn entries(ptx: &str) -> Vec<String> {
+/// Each kernel `ptx` defines: its name and the text from it to the next.
+fn entry_bodies(ptx: &str) -> impl Iterator<Item = (&str, &str)> {
     ptx.split(".entry ")
         .skip(1)
-        .map(|body| body.split('(').next().unwrap_or("?").trim().to_string())
-        .collect()
+        .map(|body| (body.split('(').next().unwrap_or("?").trim(), body))
 }

@@ -30,7 +30,7 @@ sides="a b"; [[ -n "$side_c" ]] && sides="a b c"
 parity="${PARITY-cuda_parity q8_0_decode matmul_many matmul_every_type_production; cuda_moe grouped experts_row_independent}"
 export REPS="${REPS:-5}" PROMPTS="${PROMPTS:-512}" DEPTHS="${DEPTHS-4096}" LLAMA_DEPTHS="${LLAMA_DEPTHS-${DEPTHS-4096}}"
 export DS4_KERNEL_CACHE="${DS4_KERNEL_CACHE:-$out/kernel-cache}" NO_COLOR=1
-mkdir -p "$out/a" "$out/b" "$out/c"
+for side in $sides; do mkdir -p "$out/$side"; done
 say() { echo "[$(date +%T)] $*" >&2; }
 side_env() { case $1 in a) echo "$side_a" ;; b) echo "$side_b" ;; c) echo "$side_c" ;; esac; }
 
