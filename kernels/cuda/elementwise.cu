@@ -19,6 +19,9 @@ __device__ __forceinline__ void rms_norm_row(float* x, const float* y, const flo
     float* xr = x + (u64)blockIdx.x * cols;
     float* o = out + (u64)blockIdx.x * cols;
     double s = 0.0;
+    // Unrolled so that a thread's loads are in flight together (the sum
+    // stays in the thread's order).
+#pragma unroll 4
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
         float f = xr[i];
         if (y) {

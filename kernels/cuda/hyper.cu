@@ -55,6 +55,9 @@ extern "C" __global__ void hc_norm(const float* x, float* rs, int cols, float ep
     pdl_wait();
     const float* xr = x + (u64)blockIdx.x * cols;
     double s = 0.0;
+    // Unrolled so that a thread's loads are in flight together (the sum
+    // stays in the thread's order).
+#pragma unroll 8
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
         double v = (double)xr[i];
         s += v * v;
@@ -160,34 +163,163 @@ extern "C" __global__ void hc_mix_f32(const float* x, const float* rs, const flo
     hc_mix_impl<float>(x, rs, w, part, rows, cols, nw, chunk, round16);
 }
 
+// hc_mix of few rows (chunks of MIX_SHORT columns, the chunk hc_mix takes
+// for up to 16 rows), the mix rows split over the warps: grid (K chunks,
+// row pairs), warp w takes mix rows MIX_JG w .. MIX_JG (w + 1) of rows
+// 2 blockIdx.y and 2 blockIdx.y + 1. Each (row, mix row) value is summed
+// as hc_mix sums it (a lane's columns in order, then the lanes in order),
+// so both give the same bits; here the block's loads are all in flight at
+// once (the chunk's 4 steps unrolled, MIX_JG rows each) and every warp
+// has work where hc_mix leaves 7 of 8 idle for one row.
+#define MIX_SHORT 256
+#define MIX_JG 6
+template <class W>
+__device__ __forceinline__ void hc_mix_short_impl(const float* x, const float* rs, const W* w, float* part,
+                                                  int rows, int cols, int nw, int round16) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int r0 = 2 * blockIdx.y;
+    int j0 = warp * MIX_JG;
+    int nj = min(MIX_JG, nw - j0);
+    u64 k_begin = (u64)blockIdx.x * MIX_SHORT;
+    u64 k_end = min((u64)cols, k_begin + MIX_SHORT);
+    u64 total = (u64)nw * cols * sizeof(W);
+    for (int j = 0; j < nj; j++)
+        prefetch_l2((const u8*)(w + (u64)(j0 + j) * cols + k_begin), (k_end - k_begin) * sizeof(W), total,
+                    lane, 32);
+    pdl_wait();
+    if (nj <= 0) return;  // whole warp; no block-wide barrier below
+    bool has1 = r0 + 1 < rows;
+    const float* x0 = x + (u64)r0 * cols;
+    const float* x1 = x0 + cols;
+    float s0 = rs[r0], s1 = has1 ? rs[r0 + 1] : 0.0f;
+    float acc[2][MIX_JG];
+#pragma unroll
+    for (int j = 0; j < MIX_JG; j++) acc[0][j] = acc[1][j] = 0.0f;
+#pragma unroll
+    for (int it = 0; it < MIX_SHORT / 64; it++) {
+        u64 k = k_begin + 64 * it + 2 * lane;
+        if (k < k_end) {
+            float2 xa = *(const float2*)(x0 + k);
+            float2 xb = has1 ? *(const float2*)(x1 + k) : make_float2(0.0f, 0.0f);
+            float a0 = mix_act(xa.x, s0, round16), a1 = mix_act(xa.y, s0, round16);
+            float b0 = mix_act(xb.x, s1, round16), b1 = mix_act(xb.y, s1, round16);
+#pragma unroll
+            for (int j = 0; j < MIX_JG; j++) {
+                if (j < nj) {
+                    float wa, wb;
+                    mix_pair(w, (u64)(j0 + j) * cols, k / 2, wa, wb);
+                    acc[0][j] = fmaf(wb, a1, fmaf(wa, a0, acc[0][j]));
+                    acc[1][j] = fmaf(wb, b1, fmaf(wa, b0, acc[1][j]));
+                }
+            }
+        }
+    }
+    // Lane sums: value f = r * MIX_JG + j of every lane through a
+    // 32 x (2 MIX_JG + 1) tile, lane f then adding column f in lane order.
+    constexpr int F = 2 * MIX_JG, T = F + 1;
+    __shared__ float red[(MIX_MAX / MIX_JG + 1) * 32 * T];
+    float* t = red + warp * 32 * T;
+#pragma unroll
+    for (int f = 0; f < F; f++) t[lane * T + f] = acc[f / MIX_JG][f % MIX_JG];
+    __syncwarp();
+    if (lane < F) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) s = __fadd_rn(s, t[i * T + lane]);
+        int r = r0 + lane / MIX_JG, j = lane % MIX_JG;
+        if (r < rows && j < nj) part[((u64)blockIdx.x * rows + r) * nw + j0 + j] = s;
+    }
+}
+
+extern "C" __global__ void hc_mix_short_f16(const float* x, const float* rs, const u16* w, float* part, int rows,
+                                            int cols, int nw, int round16) {
+    hc_mix_short_impl<u16>(x, rs, w, part, rows, cols, nw, round16);
+}
+
+extern "C" __global__ void hc_mix_short_f32(const float* x, const float* rs, const float* w, float* part,
+                                            int rows, int cols, int nw, int round16) {
+    hc_mix_short_impl<float>(x, rs, w, part, rows, cols, nw, round16);
+}
+
+#define SPLIT_STAGE 2048  // partial sums hc_split stages in shared memory at a time
+
+__device__ __forceinline__ double shfl_d(double v, int src) { return __shfl_sync(FULL_MASK, v, src); }
+
+// The mixing matrix of one row on one warp (n * n <= 32): lane t = a n + b
+// returns C[a][b] (the other lanes something finite). The operations, and
+// their order, of the block-wide version in hc_split, with the other
+// elements read by shuffles instead of through shared memory and barriers.
+__device__ double sinkhorn_warp(const float* s_m, const float* scale, const float* base, int n, int steps,
+                                double e, int lane) {
+    int nn = n * n;
+    bool mine = lane < nn;
+    int a = mine ? lane / n : 0, b = mine ? lane % n : 0;
+    double c = mine ? (double)s_m[2 * n + lane] * (double)scale[2] + (double)base[2 * n + lane] : 0.0;
+    double mx = d_neg_inf();
+    for (int k = 0; k < n; k++) mx = fmax(mx, shfl_d(c, a * n + k));
+    double ex = exp(__dsub_rn(c, mx));
+    double s = shfl_d(ex, a * n);
+    for (int k = 1; k < n; k++) s = __dadd_rn(s, shfl_d(ex, a * n + k));
+    c = __dadd_rn(__ddiv_rn(ex, s), e);
+    for (int st = 0; st < steps; st++) {
+        if (st % 2 == 0) {  // column
+            s = shfl_d(c, b);
+            for (int k = 1; k < n; k++) s = __dadd_rn(s, shfl_d(c, k * n + b));
+        } else {  // row
+            s = shfl_d(c, a * n);
+            for (int k = 1; k < n; k++) s = __dadd_rn(s, shfl_d(c, a * n + k));
+        }
+        c = __ddiv_rn(c, __dadd_rn(s, e));
+    }
+    return c;
+}
+
 // grid (rows, slices of d): the row's mix m (hc_mix's partials summed in
 // chunk order), then
 //  - head == 0 (hc_pre): pre_a = sigmoid(m_a s0 + b_a) + eps, post_b =
 //    2 sigmoid(m_{n+b} s1 + b_{n+b}), C from the logits m_{2n+e} s2 +
 //    b_{2n+e} by a row softmax (+ eps), a column normalization and
 //    `steps - 1` more normalizations alternating row, column (each sum + eps);
-//    block y = 0 writes split[r] = pre, post, C;
+//    block y = 0 computes C and writes split[r] = pre, post, C;
 //  - head == 1 (hc_head): the weights pre_a only;
 // then out[r][i] = sum_a pre_a X_a[i] over the block's slice of d.
-// The split runs in f64 like the CPU, one thread per element of C (the
-// sums in the CPU's order, exact division), so its result matches the
-// CPU's bit for bit but for the last ulp of a libm exp. Every slice block
-// of a row computes it (in parallel, no extra latency); the collapse is
-// bound by reading the row's n_hc * d values.
+// The split runs in f64 like the CPU (the sums in the CPU's order, exact
+// division), so its result matches the CPU's bit for bit but for the last
+// ulp of a libm exp. Its latency is the f64 Sinkhorn's: with n * n <= 32
+// one warp runs it (a lane per element of C) while the block's other
+// warps collapse, which needs only pre; larger C take the whole block (a
+// thread per element) before the collapse. The partials are staged in
+// shared memory first so that their loads are in flight together. The
+// collapse is bound by reading the row's n_hc * d values.
 extern "C" __global__ void hc_split(const float* x, const float* part, int n_chunks, const float* scale,
                                     const float* base, float* split, float* out, int rows, int n, int d,
                                     int steps, float eps, int head, int slice) {
     pdl_wait();
     __shared__ float s_m[MIX_MAX];
     __shared__ float s_w[MIX_MAX];
+    __shared__ float s_stage[SPLIT_STAGE];
     __shared__ double s_c[2][HC_MAX * HC_MAX];
     int r = blockIdx.x, tid = threadIdx.x;
     int nw = head ? n : (2 + n) * n;
-    for (int j = tid; j < nw; j += blockDim.x) {
-        float m = part[(u64)r * nw + j];
-        for (int c = 1; c < n_chunks; c++) m = __fadd_rn(m, part[((u64)c * rows + r) * nw + j]);
-        s_m[j] = m;
+    int tile = SPLIT_STAGE / nw;
+    float m = 0.0f;  // thread j < nw: the sum of the chunks so far
+    for (int c0 = 0; c0 < n_chunks; c0 += tile) {
+        int nc = min(tile, n_chunks - c0);
+#pragma unroll 4
+        for (int i = tid; i < nc * nw; i += blockDim.x)
+            s_stage[i] = part[((u64)(c0 + i / nw) * rows + r) * nw + i % nw];
+        __syncthreads();
+        if (tid < nw) {
+            int c = 0;
+            if (c0 == 0) {
+                m = s_stage[tid];
+                c = 1;
+            }
+            for (; c < nc; c++) m = __fadd_rn(m, s_stage[c * nw + tid]);
+        }
+        __syncthreads();
     }
+    if (tid < nw) s_m[tid] = m;
     __syncthreads();
     double e = (double)eps;
     if (tid < n) {
@@ -196,8 +328,15 @@ extern "C" __global__ void hc_split(const float* x, const float* part, int n_chu
             s_w[n + tid] =
                 (float)(2.0 * sigmoid_d((double)s_m[n + tid] * (double)scale[1] + (double)base[n + tid]));
     }
-    if (!head) {
-        int nn = n * n;
+    __syncthreads();
+    int nn = n * n;
+    bool own = !head && blockIdx.y == 0;  // this block computes C and writes the split
+    bool warp_c = own && nn <= 32;
+    if (warp_c && tid < 32) {
+        double c = sinkhorn_warp(s_m, scale, base, n, steps, e, tid);
+        if (tid < 2 * n) split[(u64)r * nw + tid] = s_w[tid];
+        if (tid < nn) split[(u64)r * nw + 2 * n + tid] = (float)c;
+    } else if (own && !warp_c) {  // block-uniform: every thread reaches the barriers
         bool mine = tid < nn;
         int a = mine ? tid / n : 0, b = mine ? tid % n : 0;
         if (mine) s_c[0][tid] = (double)s_m[2 * n + tid] * (double)scale[2] + (double)base[2 * n + tid];
@@ -233,13 +372,15 @@ extern "C" __global__ void hc_split(const float* x, const float* part, int n_chu
             cur ^= 1;
         }
         if (mine) s_w[2 * n + tid] = (float)s_c[cur][tid];
-    }
-    __syncthreads();
-    if (!head && blockIdx.y == 0)
+        __syncthreads();
         for (int j = tid; j < nw; j += blockDim.x) split[(u64)r * nw + j] = s_w[j];
+    }
+    // The collapse, by the threads not running the warp's Sinkhorn.
+    int first = warp_c ? 32 : 0;
+    if (tid < first) return;
     const float* xr = x + (u64)r * n * d;
     int i_end = min(d, (int)(blockIdx.y + 1) * slice);
-    for (int i = blockIdx.y * slice + tid; i < i_end; i += blockDim.x) {
+    for (int i = blockIdx.y * slice + tid - first; i < i_end; i += blockDim.x - first) {
         double acc = (double)s_w[0] * (double)xr[i];
         for (int k = 1; k < n; k++) acc += (double)s_w[k] * (double)xr[(u64)k * d + i];
         out[(u64)r * d + i] = (float)acc;

@@ -400,6 +400,8 @@ pub const SOURCES: &[KernelSource] = &[
             "hc_norm",
             "hc_mix_f16",
             "hc_mix_f32",
+            "hc_mix_short_f16",
+            "hc_mix_short_f32",
             "hc_split",
             "hc_post",
             "rms_norm_heads",

@@ -28,6 +28,10 @@ const HC_MAX: usize = 8;
 /// (`MIX_J`, `MIX_ROWS` in hyper.cu).
 const MIX_J: usize = 24;
 const MIX_ROWS: usize = 16;
+/// hc_mix_short: the chunk it takes (the one of up to 16 rows) and the mix
+/// rows per warp (`MIX_SHORT`, `MIX_JG` in hyper.cu).
+const MIX_SHORT: usize = 256;
+const MIX_JG: usize = 6;
 /// Shared memory a block may use without opting in.
 const SMEM: usize = 48 << 10;
 
@@ -134,7 +138,7 @@ fn check_gate(
 /// so that the lanes' final sums stay a small part of the work.
 fn mix_chunk(rows: usize) -> usize {
     match rows {
-        0..=16 => 256,
+        0..=16 => MIX_SHORT,
         17..=256 => 512,
         _ => 1024,
     }
@@ -166,6 +170,19 @@ fn mix_partials(
         "hc_mix_f32"
     };
     let (rows_i, nw_i, chunk_i) = (rows as i32, nw as i32, chunk as i32);
+    if chunk == MIX_SHORT {
+        // The same sums with every warp busy: the mix rows over the warps.
+        let name = if mix.ggml_type == GgmlType::F16 {
+            "hc_mix_short_f16"
+        } else {
+            "hc_mix_short_f32"
+        };
+        let grid = (n_chunks as u32, blocks(rows, 2), 1);
+        let threads = 32 * nw.div_ceil(MIX_JG) as u32;
+        launch!(be, name, grid, threads;
+            &xp, &rs, &wp, &part, &rows_i, &cols_i, &nw_i, &round16)?;
+        return Ok((part, n_chunks));
+    }
     let grid = (n_chunks as u32, blocks(rows, MIX_ROWS), blocks(nw, MIX_J));
     launch!(be, name, grid, 256;
         &xp, &rs, &wp, &part, &rows_i, &cols_i, &nw_i, &chunk_i, &round16)?;
@@ -206,8 +223,10 @@ fn split_collapse(
 
 /// Three kernels: hc_norm (one block per row: bound by reading the row),
 /// hc_mix (split-K dots: bound by the mix weight's reads, from L2 after
-/// the first row group, and the rows' from HBM) and hc_split (bound by
-/// the f64 Sinkhorn's latency for few rows, by reading the row for many).
+/// the first row group, and the rows' from HBM; up to 16 rows take
+/// hc_mix_short, the same sums with the mix rows over the warps) and
+/// hc_split (bound by the f64 Sinkhorn's latency for few rows, one warp
+/// running it while the others collapse; by reading the row for many).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn hc_pre(
     be: &CudaBackend,
