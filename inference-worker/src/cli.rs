@@ -54,7 +54,7 @@ pub struct CudaArgs {
     pub cuda_pdl: bool,
     /// With early launches, zero fresh tensors with a kernel rather than
     /// memsets (which stop the next kernel's early launch).
-    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_ZERO_KERNEL", value_name = "on|off", default_value = "off",
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_ZERO_KERNEL", value_name = "on|off", default_value = "on",
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_zero_kernel: bool,
