@@ -106,6 +106,58 @@ fn rms_norm_rows() {
     }
 }
 
+/// An op that writes its whole output drops the pending zeroing of a
+/// fresh output tensor (its zeros would never be read): the output,
+/// landing on a dead tensor's values, is the same as one that was zeroed.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fresh_outputs_skip_their_zeroing() {
+    let g = gpu(Numerics::Production);
+    let mut rng = Rng::new(5);
+    let (rows, n_in, n_out) = (3, 1024, 512);
+    let bytes = weight_bytes(GgmlType::Q8_0, n_out, n_in, &mut rng);
+    let w = bind(g, "w", GgmlType::Q8_0, n_out, n_in, &bytes);
+    let (nw, _) = row_weight(g, &CpuBackend::new(), "norm", &rng.vec(n_in, 2.0));
+    let x = rng.vec(rows * n_in, 3.0);
+    let run = |zeroed: bool| {
+        // Nonzero values where the next tensors will be (the arena starts
+        // over once no tensor is alive).
+        drop(g.tensor_from(
+            4 * rows,
+            n_in + n_out,
+            &rng_values(4 * rows * (n_in + n_out)),
+        ));
+        let xg = g.tensor_from(rows, n_in, &x);
+        let (mut normed, mut out) = (g.tensor(rows, n_in), g.tensor(rows, n_out));
+        if zeroed {
+            // Reading them issues their zeroing.
+            assert!(g
+                .to_host(&normed)
+                .iter()
+                .chain(&g.to_host(&out))
+                .all(|&v| v == 0.0));
+        }
+        let before = g.dropped_memsets();
+        g.rms_norm(&xg, &nw, 1e-5, &mut normed);
+        g.matmul(&w, &normed, &mut out).unwrap();
+        let dropped = g.dropped_memsets() - before;
+        assert_eq!(dropped, if zeroed { 0 } else { 2 }, "zeroings dropped");
+        (g.to_host(&normed), g.to_host(&out))
+    };
+    let skipped = run(false);
+    let zeroed = run(true);
+    assert!(
+        skipped == zeroed,
+        "outputs written over stale values differ"
+    );
+    println!("PARITY fresh_outputs_skip_their_zeroing max_abs=0 rel=0 tol=0");
+}
+
+/// Values that are not zero.
+fn rng_values(n: usize) -> Vec<f32> {
+    (0..n).map(|i| 1.0 + (i % 97) as f32).collect()
+}
+
 /// The fused residual add + norm equals the two ops, bit for bit, on the
 /// GPU, and matches the CPU.
 #[test]

@@ -36,6 +36,7 @@ pub fn add_rms_norm(
         return Ok(());
     }
     be.issue_chunk()?;
+    be.overwrites(out);
     let (xp, yp, op) = (x.ptr, y.ptr, out.ptr);
     let cols = x.cols as i32;
     // No quantization (fmt -1) unless a matmul fuses it in.
@@ -58,6 +59,7 @@ pub fn rms_norm(
         return Ok(());
     }
     be.issue_chunk()?;
+    be.overwrites(out);
     let (xp, op) = (x.ptr, out.ptr);
     let cols = x.cols as i32;
     let (fmt, null) = (-1i32, 0u64);
@@ -77,6 +79,7 @@ pub fn swiglu(
     if n == 0 {
         return Ok(());
     }
+    be.overwrites(out);
     let (gp, upp, op) = (gate.ptr, up.ptr, out.ptr);
     let (n64, cols) = (n as u64, out.cols as u64);
     let (fmt, null) = (-1i32, 0u64);

@@ -498,6 +498,7 @@ pub(super) fn swiglu_clamped(
     if n == 0 {
         return Ok(());
     }
+    be.overwrites(out);
     let (gp, upp, op, n64) = (gate.ptr, up.ptr, out.ptr, n as u64);
     launch!(be, "swiglu_clamped", (blocks(n, 256), 1, 1), 256; &gp, &upp, &op, &n64, &clamp)
 }

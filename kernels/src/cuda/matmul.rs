@@ -126,6 +126,10 @@ pub fn matmul_many(
     if x.rows == 0 {
         return Ok(());
     }
+    // Every path writes each output value once (no accumulation).
+    for out in outs.iter() {
+        be.overwrites(out);
+    }
     // Activation formats the production integer path needs, each
     // quantized once into this op's scratch; F16 weights read the input
     // rounded to f16 (as ggml does), also made once.

@@ -551,6 +551,12 @@ impl CudaBackend {
         self.lock().fused_rope_stores
     }
 
+    /// How many zeroings of fresh tensors were dropped because the op
+    /// after them writes the whole tensor.
+    pub fn dropped_memsets(&self) -> u64 {
+        self.lock().dropped_memsets
+    }
+
     /// Where the host's time went (recording, issuing, waiting).
     pub fn host_timing(&self) -> HostTiming {
         self.lock().timing
@@ -720,6 +726,16 @@ impl CudaBackend {
             ptr,
             _live: Live(self.live.clone()),
         })
+    }
+
+    /// The op about to be recorded writes every value of `t`: its fresh
+    /// zeroing, if still pending and untouched since, is dropped.
+    fn overwrites(&self, t: &CudaTensor) {
+        let bytes = t.rows * t.cols * 4;
+        let mut st = self.lock();
+        if bytes > 0 && st.drop_fresh_memset(t.ptr, bytes) {
+            st.dropped_memsets += 1;
+        }
     }
 
     /// `bytes` of uninitialized tensor-arena memory for the op being

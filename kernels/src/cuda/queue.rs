@@ -192,6 +192,8 @@ pub struct State {
     pub fused_quantizations: u64,
     /// KV stores fused with the RoPE launch before them.
     pub fused_rope_stores: u64,
+    /// Fresh-tensor zeroings dropped (see [`State::drop_fresh_memset`]).
+    pub dropped_memsets: u64,
     /// Set when kernels are timed one by one (see [`super::profile`]).
     pub profile: Option<super::profile::Profile>,
     /// The kernel names a profile reports under (filled when the modules
@@ -224,6 +226,7 @@ impl State {
             recording_since: None,
             fused_quantizations: 0,
             fused_rope_stores: 0,
+            dropped_memsets: 0,
             profile: None,
             profile_names: Default::default(),
             graveyard: Vec::new(),
@@ -287,6 +290,46 @@ impl State {
         for c in after.into_iter().rev() {
             self.push(c);
         }
+    }
+
+    /// Takes back the pending zeroing of exactly `dst .. dst + bytes` (a
+    /// fresh tensor's) when no command recorded after it names an address
+    /// in that range: the op about to be recorded writes all of it, so
+    /// the zeros would never be read. Looks at most 64 commands back;
+    /// returns whether it dropped one.
+    pub fn drop_fresh_memset(&mut self, dst: u64, bytes: usize) -> bool {
+        let end = dst + bytes as u64;
+        let inside = |p: u64| p >= dst && p < end;
+        let overlaps = |p: u64, n: usize| p < end && p + n as u64 > dst;
+        let mut found = None;
+        for (back, c) in self.cmds.iter().rev().enumerate().take(64) {
+            let touches = match *c {
+                Cmd::Memset { dst: d, bytes: b } if d == dst && b == bytes => {
+                    found = Some(back);
+                    break;
+                }
+                Cmd::Memset { dst: d, bytes: b } => overlaps(d, b),
+                Cmd::Launch {
+                    n_args, ref args, ..
+                } => args[..n_args as usize].iter().any(|&a| inside(a)),
+                Cmd::HtoD {
+                    dst: d, bytes: b, ..
+                } => overlaps(d, b),
+                Cmd::DtoD {
+                    dst: d,
+                    src,
+                    bytes: b,
+                } => overlaps(d, b) || overlaps(src, b),
+            };
+            if touches {
+                return false;
+            }
+        }
+        let Some(back) = found else {
+            return false;
+        };
+        self.edit(back, |_| None);
+        true
     }
 
     /// Takes back the last recorded command.
