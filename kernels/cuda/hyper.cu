@@ -95,6 +95,29 @@ __device__ __forceinline__ float mix_act(float x, float s, int round16) {
     return round16 ? h2f(f2h(a)) : a;
 }
 
+// One step of a lane's sums: columns k, k + 1 of rows x0 and x1 (zeros
+// where there is no second row) times mix rows j0 .. j0 + nj, added into
+// acc[row][j] as two FMAs per value. hc_mix and hc_mix_short both sum
+// through this, so they give the same bits.
+template <class W, int J>
+__device__ __forceinline__ void mix_step(const float* x0, const float* x1, bool has1, float s0, float s1,
+                                         const W* w, int j0, int nj, int cols, u64 k, int round16,
+                                         float (&acc)[2][J]) {
+    float2 xa = *(const float2*)(x0 + k);
+    float2 xb = has1 ? *(const float2*)(x1 + k) : make_float2(0.0f, 0.0f);
+    float a0 = mix_act(xa.x, s0, round16), a1 = mix_act(xa.y, s0, round16);
+    float b0 = mix_act(xb.x, s1, round16), b1 = mix_act(xb.y, s1, round16);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        if (j < nj) {
+            float wa, wb;
+            mix_pair(w, (u64)(j0 + j) * cols, k / 2, wa, wb);
+            acc[0][j] = fmaf(wb, a1, fmaf(wa, a0, acc[0][j]));
+            acc[1][j] = fmaf(wb, b1, fmaf(wa, b0, acc[1][j]));
+        }
+    }
+}
+
 // Split-K partial dots: grid (K chunks, row groups of MIX_ROWS, groups of
 // MIX_J mix rows). Warp w takes rows r0 + 2w, r0 + 2w + 1 over the block's
 // chunk of `chunk` columns (a multiple of 64), lane l columns 2(l + 32i),
@@ -128,21 +151,8 @@ __device__ __forceinline__ void hc_mix_impl(const float* x, const float* rs, con
     float acc[2][MIX_J];
 #pragma unroll
     for (int j = 0; j < MIX_J; j++) acc[0][j] = acc[1][j] = 0.0f;
-    for (u64 k = k_begin + 2 * lane; k < k_end; k += 64) {
-        float2 xa = *(const float2*)(x0 + k);
-        float2 xb = has1 ? *(const float2*)(x1 + k) : make_float2(0.0f, 0.0f);
-        float a0 = mix_act(xa.x, s0, round16), a1 = mix_act(xa.y, s0, round16);
-        float b0 = mix_act(xb.x, s1, round16), b1 = mix_act(xb.y, s1, round16);
-#pragma unroll
-        for (int j = 0; j < MIX_J; j++) {
-            if (j < nj) {
-                float wa, wb;
-                mix_pair(w, (u64)(j0 + j) * cols, k / 2, wa, wb);
-                acc[0][j] = fmaf(wb, a1, fmaf(wa, a0, acc[0][j]));
-                acc[1][j] = fmaf(wb, b1, fmaf(wa, b0, acc[1][j]));
-            }
-        }
-    }
+    for (u64 k = k_begin + 2 * lane; k < k_end; k += 64)
+        mix_step(x0, x1, has1, s0, s1, w, j0, nj, cols, k, round16, acc);
     // Lane sums: value f = r * MIX_J + j of every lane, 32 values at a time
     // through a 32 x 33 tile, lane l then adding column l in lane order.
     __shared__ float red[MIX_WARPS][32 * 33];
@@ -209,21 +219,7 @@ __device__ __forceinline__ void hc_mix_short_impl(const float* x, const float* r
 #pragma unroll
     for (int it = 0; it < MIX_SHORT / 64; it++) {
         u64 k = k_begin + 64 * it + 2 * lane;
-        if (k < k_end) {
-            float2 xa = *(const float2*)(x0 + k);
-            float2 xb = has1 ? *(const float2*)(x1 + k) : make_float2(0.0f, 0.0f);
-            float a0 = mix_act(xa.x, s0, round16), a1 = mix_act(xa.y, s0, round16);
-            float b0 = mix_act(xb.x, s1, round16), b1 = mix_act(xb.y, s1, round16);
-#pragma unroll
-            for (int j = 0; j < MIX_JG; j++) {
-                if (j < nj) {
-                    float wa, wb;
-                    mix_pair(w, (u64)(j0 + j) * cols, k / 2, wa, wb);
-                    acc[0][j] = fmaf(wb, a1, fmaf(wa, a0, acc[0][j]));
-                    acc[1][j] = fmaf(wb, b1, fmaf(wa, b0, acc[1][j]));
-                }
-            }
-        }
+        if (k < k_end) mix_step(x0, x1, has1, s0, s1, w, j0, nj, cols, k, round16, acc);
     }
     // Lane sums: value f = r * MIX_JG + j of every lane through a
     // 32 x (2 MIX_JG + 1) tile, lane f then adding column f in lane order.
