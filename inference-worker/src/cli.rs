@@ -77,6 +77,25 @@ pub struct CudaArgs {
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_warp_mv: bool,
+    /// One-token grouped Q8_0 projections (DeepSeek V4's output low-rank)
+    /// run the dense decode matvec (off: the expert matvecs, which add in
+    /// a batch's order).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_GROUPED_MV", value_name = "on|off", default_value = "on",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_grouped_mv: bool,
+    /// The hyper-connection post takes in the residual add before it and
+    /// hands the next pre step its sums of squares (off: separate launches).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_HC_FUSE", value_name = "on|off", default_value = "on",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_hc_fuse: bool,
+    /// The hyper-connection Sinkhorn split runs on a second stream beside
+    /// the sublayer that needs it only at its end (off: in line).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_HC_BRANCH", value_name = "on|off", default_value = "on",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_hc_branch: bool,
     /// Quantized batches of at most N tokens use the dp4a kernel instead
     /// of the tensor cores.
     #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_DP4A_TOKENS", value_name = "N",
@@ -121,6 +140,9 @@ impl CudaArgs {
             fused_layer: self.cuda_fused_layer,
             staged_q8: self.cuda_staged_q8,
             warp_mv: self.cuda_warp_mv,
+            grouped_mv: self.cuda_grouped_mv,
+            hc_fuse: self.cuda_hc_fuse,
+            hc_branch: self.cuda_hc_branch,
             dp4a_tokens: self.cuda_dp4a_tokens,
             mvt_tokens: self.cuda_mvt_tokens,
             chunk_cmds: self.cuda_chunk,

@@ -47,7 +47,9 @@ __device__ __forceinline__ float rms_scale(double ss, int n, float eps) {
 // hc_pre runs three kernels: hc_norm (the 1/rms of each row's flattened
 // streams), hc_mix (split-K partial dots of the mix weight with the
 // normalized rows) and hc_split (partials summed, sigmoid split, Sinkhorn,
-// collapse). hc_head runs the same with hc_split in head mode.
+// collapse); for few rows right after an hc_post, two: hc_mix_short
+// takes the 1/rms from the sums of squares that hc_post left. hc_head
+// runs the same with hc_split in head mode.
 
 // One block per row: rs[r] = 1 / sqrt(mean(x[r]^2) + eps), the sum of
 // squares in f64. Bound by reading the row (n_hc * d f32).
@@ -194,8 +196,20 @@ extern "C" __global__ void hc_mix_f32(const float* x, const float* rs, const flo
 // has work where hc_mix leaves 7 of 8 idle for one row.
 #define MIX_SHORT 256
 #define MIX_JG 6
+// Row r's 1/rms: rs[r], or from the n_part block sums of squares hc_post
+// left at ssp (added in block order) when ssp is set.
+__device__ __forceinline__ float row_scale(const float* rs, const double* ssp, int n_part, int r, int cols,
+                                           float eps) {
+    if (!ssp) return rs[r];
+    const double* p = ssp + (u64)r * n_part;
+    double s = p[0];
+    for (int k = 1; k < n_part; k++) s += p[k];
+    return rms_scale(s, cols, eps);
+}
+
 template <class W>
-__device__ __forceinline__ void hc_mix_short_impl(const float* x, const float* rs, const W* w, float* part,
+__device__ __forceinline__ void hc_mix_short_impl(const float* x, const float* rs, const double* ssp,
+                                                  int n_part, float eps, const W* w, float* part,
                                                   int rows, int cols, int nw, int round16) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int r0 = 2 * blockIdx.y;
@@ -212,7 +226,8 @@ __device__ __forceinline__ void hc_mix_short_impl(const float* x, const float* r
     bool has1 = r0 + 1 < rows;
     const float* x0 = x + (u64)r0 * cols;
     const float* x1 = x0 + cols;
-    float s0 = rs[r0], s1 = has1 ? rs[r0 + 1] : 0.0f;
+    float s0 = row_scale(rs, ssp, n_part, r0, cols, eps);
+    float s1 = has1 ? row_scale(rs, ssp, n_part, r0 + 1, cols, eps) : 0.0f;
     float acc[2][MIX_JG];
 #pragma unroll
     for (int j = 0; j < MIX_JG; j++) acc[0][j] = acc[1][j] = 0.0f;
@@ -238,14 +253,16 @@ __device__ __forceinline__ void hc_mix_short_impl(const float* x, const float* r
     }
 }
 
-extern "C" __global__ void hc_mix_short_f16(const float* x, const float* rs, const u16* w, float* part, int rows,
-                                            int cols, int nw, int round16) {
-    hc_mix_short_impl<u16>(x, rs, w, part, rows, cols, nw, round16);
+extern "C" __global__ void hc_mix_short_f16(const float* x, const float* rs, const double* ssp, int n_part,
+                                            float eps, const u16* w, float* part, int rows, int cols, int nw,
+                                            int round16) {
+    hc_mix_short_impl<u16>(x, rs, ssp, n_part, eps, w, part, rows, cols, nw, round16);
 }
 
-extern "C" __global__ void hc_mix_short_f32(const float* x, const float* rs, const float* w, float* part,
-                                            int rows, int cols, int nw, int round16) {
-    hc_mix_short_impl<float>(x, rs, w, part, rows, cols, nw, round16);
+extern "C" __global__ void hc_mix_short_f32(const float* x, const float* rs, const double* ssp, int n_part,
+                                            float eps, const float* w, float* part, int rows, int cols, int nw,
+                                            int round16) {
+    hc_mix_short_impl<float>(x, rs, ssp, n_part, eps, w, part, rows, cols, nw, round16);
 }
 
 #define SPLIT_STAGE 2048  // partial sums hc_split stages in shared memory at a time
@@ -289,6 +306,9 @@ __device__ double sinkhorn_warp(const float* s_m, const float* scale, const floa
 //    `steps - 1` more normalizations alternating row, column (each sum + eps);
 //    block y = 0 computes C and writes split[r] = pre, post, C;
 //  - head == 1 (hc_head): the weights pre_a only;
+//  - head == 2 (hc_pre with the split on the side stream): block y = 0
+//    writes the row's mix m to split[r] (hc_sinkhorn turns it into the
+//    split there), and the weights pre_a are computed for the collapse;
 // then out[r][i] = sum_a pre_a X_a[i] over the block's slice of d.
 // The split runs in f64 like the CPU (the sums in the CPU's order, exact
 // division), so its result matches the CPU's bit for bit but for the last
@@ -307,7 +327,7 @@ extern "C" __global__ void hc_split(const float* x, const float* part, int n_chu
     __shared__ float s_stage[SPLIT_STAGE];
     __shared__ double s_c[2][HC_MAX * HC_MAX];
     int r = blockIdx.x, tid = threadIdx.x;
-    int nw = head ? n : (2 + n) * n;
+    int nw = head == 1 ? n : (2 + n) * n;
     int tile = SPLIT_STAGE / nw;
     float m = 0.0f;  // thread j < nw: the sum of the chunks so far
     for (int c0 = 0; c0 < n_chunks; c0 += tile) {
@@ -327,11 +347,12 @@ extern "C" __global__ void hc_split(const float* x, const float* part, int n_chu
         __syncthreads();
     }
     if (tid < nw) s_m[tid] = m;
+    if (head == 2 && blockIdx.y == 0 && tid < nw) split[(u64)r * nw + tid] = m;
     __syncthreads();
     double e = (double)eps;
     if (tid < n) {
         s_w[tid] = (float)(sigmoid_d((double)s_m[tid] * (double)scale[0] + (double)base[tid]) + e);
-        if (!head)
+        if (head == 0)
             s_w[n + tid] =
                 (float)(2.0 * sigmoid_d((double)s_m[n + tid] * (double)scale[1] + (double)base[n + tid]));
     }
@@ -394,32 +415,73 @@ extern "C" __global__ void hc_split(const float* x, const float* part, int n_chu
     }
 }
 
+// hc_pre's split off the collapse's path (hyper.rs runs it on the side
+// stream): one warp per row turns the row's mix m, which hc_split (head
+// == 2) left in split[r], into split[r] = pre, post, C with hc_split's
+// operations (n * n <= 32: sinkhorn_warp), so the same bits.
+extern "C" __global__ void hc_sinkhorn(const float* scale, const float* base, float* split, int n, int steps,
+                                       float eps) {
+    pdl_wait();
+    __shared__ float s_m[MIX_MAX];
+    int r = blockIdx.x, lane = threadIdx.x, nw = (2 + n) * n;
+    float* sp = split + (u64)r * nw;
+    for (int j = lane; j < nw; j += WARP) s_m[j] = sp[j];
+    __syncwarp();
+    double e = (double)eps;
+    double c = sinkhorn_warp(s_m, scale, base, n, steps, e, lane);
+    if (lane < n) {
+        sp[lane] = (float)(sigmoid_d((double)s_m[lane] * (double)scale[0] + (double)base[lane]) + e);
+        sp[n + lane] = (float)(2.0 * sigmoid_d((double)s_m[n + lane] * (double)scale[1] + (double)base[n + lane]));
+    }
+    if (lane < n * n) sp[2 * n + lane] = (float)c;
+}
+
 // X'_b = post_b y + sum_a C[a][b] X_a in place, in f64 like the CPU (exact
 // products, so the same bits). grid (rows, ceil(d / blockDim)), a thread
 // per (row, i). Bound by memory: n_hc * d values read and written, d read.
-extern "C" __global__ void hc_post(float* x, const float* y, const float* split, int n, int d) {
+// Two fusions the host patches in (hyper.rs):
+//  - y2 (else null): the residual add recorded before, y += y2, done here
+//    (y is written back, the same f32 add);
+//  - ssp (else null): each block's f64 sum of squares of the values it
+//    wrote, ssp[r * gridDim.y + blockIdx.y], which hc_mix_short adds in
+//    block order for the next hc_pre's 1/rms instead of an hc_norm launch.
+extern "C" __global__ void hc_post(float* x, float* y, const float* y2, const float* split, int n, int d,
+                                   double* ssp) {
     pdl_wait();
     __shared__ float s_sp[MIX_MAX];
     int r = blockIdx.x, nw = (2 + n) * n;
     for (int j = threadIdx.x; j < nw; j += blockDim.x) s_sp[j] = split[(u64)r * nw + j];
     __syncthreads();
     int i = blockIdx.y * blockDim.x + threadIdx.x;
-    if (i >= d) return;
-    float* xr = x + (u64)r * n * d;
-    double old[HC_MAX];
+    double ss = 0.0;
+    if (i < d) {
+        float* xr = x + (u64)r * n * d;
+        double old[HC_MAX];
 #pragma unroll
-    for (int a = 0; a < HC_MAX; a++) old[a] = a < n ? (double)xr[(u64)a * d + i] : 0.0;
-    double yv = (double)y[(u64)r * d + i];
-    const float* post = s_sp + n;
-    const float* comb = s_sp + 2 * n;
+        for (int a = 0; a < HC_MAX; a++) old[a] = a < n ? (double)xr[(u64)a * d + i] : 0.0;
+        float yf = y[(u64)r * d + i];
+        if (y2) {
+            yf = __fadd_rn(yf, y2[(u64)r * d + i]);
+            y[(u64)r * d + i] = yf;
+        }
+        double yv = (double)yf;
+        const float* post = s_sp + n;
+        const float* comb = s_sp + 2 * n;
 #pragma unroll
-    for (int b = 0; b < HC_MAX; b++) {
-        if (b >= n) break;
-        double mixed = (double)comb[b] * old[0];
+        for (int b = 0; b < HC_MAX; b++) {
+            if (b >= n) break;
+            double mixed = (double)comb[b] * old[0];
 #pragma unroll
-        for (int a = 1; a < HC_MAX; a++)
-            if (a < n) mixed += (double)comb[a * n + b] * old[a];
-        xr[(u64)b * d + i] = (float)((double)post[b] * yv + mixed);
+            for (int a = 1; a < HC_MAX; a++)
+                if (a < n) mixed += (double)comb[a * n + b] * old[a];
+            float v = (float)((double)post[b] * yv + mixed);
+            xr[(u64)b * d + i] = v;
+            ss += (double)v * (double)v;
+        }
+    }
+    if (ssp) {  // block-uniform
+        ss = block_sum_d(ss);
+        if (threadIdx.x == 0) ssp[(u64)r * gridDim.y + blockIdx.y] = ss;
     }
 }
 

@@ -382,6 +382,22 @@ extern "C" __global__ void __launch_bounds__(128) mvsg_q8_0(const u8* W, u64 rb,
     mvs_q8_0(W, rb, aq, ad, out, n_out, n_in, nullptr, blockIdx.x, group_rows);
 }
 
+// matmul_grouped's one-row case through mv_q (TPR threads a row, the
+// dense decode matvec's sums, not a batch's order): row r of the stacked weight reads
+// activation group r / group_rows. A block's 128 / TPR rows share one
+// group (matmul.rs: group_rows a multiple of them).
+#define MVG_Q8_0(TPR)                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) mvg##TPR##_q8_0(                            \
+        const u8* W, u64 rb, const i8* aq, const float* ad, float* out, int n_out, int n_in,     \
+        int group_rows) {                                                                        \
+        u64 g = (u64)(blockIdx.x * (128 / TPR)) / (u64)group_rows;                               \
+        mv_q<TQ8_0, TPR>(W, rb, aq + g * n_in, ad + g * (n_in / 32), nullptr, nullptr, out, n_out, \
+                         n_in, nullptr, blockIdx.x);                                             \
+    }
+MVG_Q8_0(32)
+MVG_Q8_0(64)
+MVG_Q8_0(128)
+
 extern "C" __global__ void __launch_bounds__(128) mv32_q4_k16(MV_PARAMS) {
     MV_PICK
     mv_q4k16<32>(W, rb, aq, ad, bs, out, n_out, n_in, bias, bx);

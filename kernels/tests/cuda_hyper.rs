@@ -203,6 +203,78 @@ fn hc_post_is_exact() {
     }
 }
 
+/// A residual add, the post step and the next pre step, as a decode step
+/// records them: on the GPU the add runs inside hc_post and, for up to 16
+/// rows, hc_pre takes its 1/rms from hc_post's sums of squares instead of
+/// an hc_norm launch. The same results as the ops one by one on the CPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn hc_post_fuses_add_and_next_norm() {
+    let cfg = hc_cfg();
+    let (n, nw) = (cfg.n_hc, cfg.mix_width());
+    let (g, c) = (gpu(Numerics::Production), CpuBackend::new());
+    let mut rng = Rng::new(107);
+    for (d, rows) in [(256, 1), (256, 5), (4096, 1), (4096, 3), (4096, 20)] {
+        let cols = n * d;
+        let (mg, mc) = mix_weight(g, &c, GgmlType::F16, nw, cols, &mut rng);
+        let (sg, sc) = row_weight(g, &c, "hc_scale", &[0.6, 0.9, 1.4]);
+        let (bg, bc) = row_weight(g, &c, "hc_base", &rng.vec(nw, 0.5));
+        let x = streams(&mut rng, rows, n, d);
+        let (mut collapsed, mut split) = (c.tensor(rows, d), c.tensor(rows, nw));
+        c.hc_pre(
+            &c.tensor_from(rows, cols, &x),
+            &mc,
+            &sc,
+            &bc,
+            &cfg,
+            &mut collapsed,
+            &mut split,
+        )
+        .unwrap();
+        let (y, z) = (rng.vec(rows * d, 3.0), rng.vec(rows * d, 1.0));
+        let (mut xg, mut yg, zg, spg) = (
+            g.tensor_from(rows, cols, &x),
+            g.tensor_from(rows, d, &y),
+            g.tensor_from(rows, d, &z),
+            g.tensor_from(rows, nw, &split.data),
+        );
+        let (mut og, mut sog) = (g.tensor(rows, d), g.tensor(rows, nw));
+        let (mut xc, mut yc, zc) = (
+            c.tensor_from(rows, cols, &x),
+            c.tensor_from(rows, d, &y),
+            c.tensor_from(rows, d, &z),
+        );
+        let (mut oc, mut soc) = (c.tensor(rows, d), c.tensor(rows, nw));
+        let before = g.fused_hc();
+        g.add_assign(&mut yg, &zg);
+        g.hc_post(&mut xg, &yg, &spg, &cfg);
+        g.hc_pre(&xg, &mg, &sg, &bg, &cfg, &mut og, &mut sog)
+            .unwrap();
+        let after = g.fused_hc();
+        c.add_assign(&mut yc, &zc);
+        c.hc_post(&mut xc, &yc, &split, &cfg);
+        c.hc_pre(&xc, &mc, &sc, &bc, &cfg, &mut oc, &mut soc)
+            .unwrap();
+        let name = format!("hc_post_fused_{rows}x{d}");
+        check(&format!("{name}_y"), &g.to_host(&yg), &yc.data, 0.0);
+        check(&format!("{name}_x"), &g.to_host(&xg), &xc.data, 0.0);
+        check(&format!("{name}_split"), &g.to_host(&sog), &soc.data, 1e-5);
+        check(&format!("{name}_out"), &g.to_host(&og), &oc.data, 1e-5);
+        let fuse = u64::from(g.hc_fuse());
+        assert_eq!(
+            after.0,
+            before.0 + fuse,
+            "{name}: the add ran inside hc_post"
+        );
+        let norm = fuse * u64::from(rows <= 16);
+        assert_eq!(
+            after.1,
+            before.1 + norm,
+            "{name}: hc_pre's norm from hc_post"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn rms_norm_heads_matches_cpu() {

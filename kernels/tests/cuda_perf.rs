@@ -396,4 +396,17 @@ fn perf_ds4_decode_ops() {
     let mut xs2 = be.tensor_from(1, 4 * d, &vec![0.25; 4 * d]);
     let us = time_us(&be, 50, || be.hc_post(&mut xs2, &y, &split, &cfg));
     println!("PERF ds4_hc_post {us:.2} us");
+    // The FFN's end as a decode step records it: the shared expert's add,
+    // the post, the next sublayer's pre (fused where --cuda-hc-fuse).
+    let (mut y3, shared) = (
+        be.tensor_from(1, d, &vec![0.1; d]),
+        be.tensor_from(1, d, &vec![0.05; d]),
+    );
+    let us = time_us(&be, 50, || {
+        be.add_assign(&mut y3, &shared);
+        be.hc_post(&mut xs2, &y3, &split, &cfg);
+        be.hc_pre(&xs2, &mix, &scale, &base, &cfg, &mut col, &mut split)
+            .unwrap()
+    });
+    println!("PERF ds4_add_hc_post_pre {us:.2} us");
 }

@@ -144,23 +144,93 @@ fn mix_chunk(rows: usize) -> usize {
     }
 }
 
-/// hc_norm then hc_mix: the per-chunk partial sums of `m = mix · (x /
-/// rms(x))` in op scratch; returns them and the number of chunks.
+/// Blocks per row of hc_post over rows of `d` values (its grid.y): the
+/// block sums of squares it leaves when fused with the next hc_pre.
+fn post_blocks(d: usize) -> usize {
+    blocks(d, POST_THREADS) as usize
+}
+
+/// Threads of an hc_post block (a value of each stream per thread).
+const POST_THREADS: usize = 256;
+
+/// Op scratch of [`mix_partials`]: 1/rms, the chunk partials, hc_post's
+/// block sums of squares.
+fn mix_scratch(
+    be: &CudaBackend,
+    x: &CudaTensor,
+    nw: usize,
+    d: usize,
+) -> Result<Vec<u64>, BackendError> {
+    let rows = x.rows;
+    let n_chunks = x.cols.div_ceil(mix_chunk(rows));
+    be.scratch(&[
+        4 * rows,
+        4 * n_chunks * rows * nw,
+        8 * rows * post_blocks(d),
+    ])
+}
+
+/// When the last command recorded is the hc_post that wrote `x` (rows of
+/// `d` values per stream) and it is not fused yet, records it again
+/// leaving its block sums of squares at `ssp`, and returns how many a row
+/// (hc_mix_short then takes the 1/rms from them: no hc_norm launch).
+fn fuse_post_norm(be: &CudaBackend, x: &CudaTensor, d: usize, ssp: u64) -> Option<usize> {
+    use super::queue::Cmd;
+    let post = be.func("hc_post").cu_function() as usize;
+    let mut st = be.lock();
+    let (back, parts) = match st.last_launch(|_| false) {
+        // hc_post(x, y, y2, split, n, d, ssp)
+        Some((
+            back,
+            Cmd::Launch {
+                func, grid, args, ..
+            },
+        )) if *func == post
+            && args[0] == x.ptr
+            && grid.0 as usize == x.rows
+            && args[5] == d as u64
+            && args[6] == 0 =>
+        {
+            (back, grid.1 as usize)
+        }
+        _ => return None,
+    };
+    st.edit(back, |mut c| {
+        if let Cmd::Launch { ref mut args, .. } = c {
+            args[6] = ssp;
+        }
+        Some(c)
+    });
+    st.fused_hc_norms += 1;
+    Some(parts)
+}
+
+/// hc_norm (unless `ssp` holds hc_post's block sums of squares and how
+/// many a row) then hc_mix: the per-chunk partial sums of `m = mix · (x /
+/// rms(x))` in op scratch `s` ([`mix_scratch`]); returns them and the
+/// number of chunks.
 fn mix_partials(
     be: &CudaBackend,
     x: &CudaTensor,
     mix: &CudaWeight,
     nw: usize,
     norm_eps: f32,
+    s: &[u64],
+    ssp: Option<(u64, usize)>,
 ) -> Result<(u64, usize), BackendError> {
     let (rows, cols) = (x.rows, x.cols);
     let chunk = mix_chunk(rows);
     let n_chunks = cols.div_ceil(chunk);
-    let s = be.scratch(&[4 * rows, 4 * n_chunks * rows * nw])?;
     let (rs, part) = (s[0], s[1]);
     let (xp, wp) = (x.ptr, be.weight_ptr(mix));
     let cols_i = cols as i32;
-    launch!(be, "hc_norm", (rows as u32, 1, 1), 512; &xp, &rs, &cols_i, &norm_eps)?;
+    let (ssp, n_part) = match ssp {
+        Some((p, n)) if chunk == MIX_SHORT => (p, n as i32),
+        _ => {
+            launch!(be, "hc_norm", (rows as u32, 1, 1), 512; &xp, &rs, &cols_i, &norm_eps)?;
+            (0, 0)
+        }
+    };
     // The activation rounding of the CPU's matmul: F16 weights see f16
     // activations with production numerics (their vec_dot_type).
     let round16 = i32::from(be.numerics == Numerics::Production && mix.ggml_type == GgmlType::F16);
@@ -180,7 +250,7 @@ fn mix_partials(
         let grid = (n_chunks as u32, blocks(rows, 2), 1);
         let threads = 32 * nw.div_ceil(MIX_JG) as u32;
         launch!(be, name, grid, threads;
-            &xp, &rs, &wp, &part, &rows_i, &cols_i, &nw_i, &round16)?;
+            &xp, &rs, &ssp, &n_part, &norm_eps, &wp, &part, &rows_i, &cols_i, &nw_i, &round16)?;
         return Ok((part, n_chunks));
     }
     let grid = (n_chunks as u32, blocks(rows, MIX_ROWS), blocks(nw, MIX_J));
@@ -189,8 +259,20 @@ fn mix_partials(
     Ok((part, n_chunks))
 }
 
-/// hc_split: the split of every row (written to `split` unless `head`)
-/// and the collapse into `out`.
+/// What hc_split computes besides the collapse (its `head` argument).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SplitMode {
+    /// hc_pre: the split, written to `split`.
+    Pre = 0,
+    /// hc_head: the pre weights only.
+    Head = 1,
+    /// hc_pre with the split left to hc_sinkhorn: the row's mix is
+    /// written to `split`.
+    PreMix = 2,
+}
+
+/// hc_split: the split of every row (see [`SplitMode`]) and the collapse
+/// into `out`.
 #[allow(clippy::too_many_arguments)]
 fn split_collapse(
     be: &CudaBackend,
@@ -201,7 +283,7 @@ fn split_collapse(
     split: u64,
     out: &mut CudaTensor,
     cfg: &HcConfig,
-    head: bool,
+    mode: SplitMode,
 ) -> Result<(), BackendError> {
     let (rows, d) = (x.rows, out.cols);
     // Blocks per row: enough to fill the device when rows are few (each
@@ -211,22 +293,61 @@ fn split_collapse(
         .clamp(1, 8)
         .min(d.div_ceil(256).max(1));
     let slice = d.div_ceil(per_row);
-    // One column normalization, then `iters − 1` (row, column) pairs.
-    let steps = (2 * cfg.iters).saturating_sub(1).max(1);
+    let steps = sinkhorn_steps(cfg);
     let (xp, sp, bp, op) = (x.ptr, be.dense_ptr(scale), be.dense_ptr(base), out.ptr);
     let (nc, rows_i, n_i, d_i) = (n_chunks as i32, rows as i32, cfg.n_hc as i32, d as i32);
-    let (steps_i, head_i, slice_i) = (steps as i32, i32::from(head), slice as i32);
+    let (steps_i, head_i, slice_i) = (steps as i32, mode as i32, slice as i32);
     launch!(be, "hc_split", (rows as u32, per_row as u32, 1), 256;
         &xp, &part, &nc, &sp, &bp, &split, &op, &rows_i, &n_i, &d_i, &steps_i, &cfg.eps,
         &head_i, &slice_i)
 }
 
-/// Three kernels: hc_norm (one block per row: bound by reading the row),
-/// hc_mix (split-K dots: bound by the mix weight's reads, from L2 after
-/// the first row group, and the rows' from HBM; up to 16 rows take
-/// hc_mix_short, the same sums with the mix rows over the warps) and
-/// hc_split (bound by the f64 Sinkhorn's latency for few rows, one warp
-/// running it while the others collapse; by reading the row for many).
+/// Sinkhorn normalizations: one column normalization, then `iters − 1`
+/// (row, column) pairs.
+fn sinkhorn_steps(cfg: &HcConfig) -> usize {
+    (2 * cfg.iters).saturating_sub(1).max(1)
+}
+
+/// hc_sinkhorn on the side stream, after the hc_split (PreMix) that left
+/// each row's mix in `split`: a fork the next hc_post joins.
+fn sinkhorn_beside(
+    be: &CudaBackend,
+    split: &CudaTensor,
+    scale: &CudaWeight,
+    base: &CudaWeight,
+    cfg: &HcConfig,
+) -> Result<(), BackendError> {
+    use super::queue::Cmd;
+    let (sp, bp, xp) = (be.dense_ptr(scale), be.dense_ptr(base), split.ptr);
+    let (n_i, steps_i) = (cfg.n_hc as i32, sinkhorn_steps(cfg) as i32);
+    be.lock().push(Cmd::Fork);
+    launch!(be, "hc_sinkhorn", (split.rows as u32, 1, 1), 32;
+        &sp, &bp, &xp, &n_i, &steps_i, &cfg.eps)?;
+    let mut st = be.lock();
+    st.push(Cmd::Back);
+    st.fork_open = true;
+    Ok(())
+}
+
+/// Records the join of the side stream where a fork is open (before an
+/// op that reads what the side computed).
+fn join_side(be: &CudaBackend) {
+    let mut st = be.lock();
+    if st.fork_open {
+        st.push(super::queue::Cmd::Join);
+        st.fork_open = false;
+    }
+}
+
+/// Three kernels: hc_norm (one block per row: bound by reading the row;
+/// left out for up to 16 rows right after an hc_post, which leaves its
+/// sums of squares), hc_mix (split-K dots: bound by the mix weight's
+/// reads, from L2 after the first row group, and the rows' from HBM; up
+/// to 16 rows take hc_mix_short, the same sums with the mix rows over the
+/// warps) and hc_split (the collapse, bound by reading the row; the f64
+/// Sinkhorn split, latency-bound, runs on the side stream in hc_sinkhorn
+/// with `--cuda-hc-branch`, else on one warp of hc_split beside the
+/// collapse).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn hc_pre(
     be: &CudaBackend,
@@ -253,12 +374,41 @@ pub(super) fn hc_pre(
     if x.rows == 0 {
         return Ok(());
     }
+    // Fused with the hc_post before while it is still pending.
+    let s = mix_scratch(be, x, nw, out.cols)?;
+    let ssp = if be.hc_fuse() && mix_chunk(x.rows) == MIX_SHORT {
+        fuse_post_norm(be, x, out.cols, s[2]).map(|n| (s[2], n))
+    } else {
+        None
+    };
     be.issue_chunk()?;
-    let part = mix_partials(be, x, mix, nw, cfg.norm_eps)?;
-    split_collapse(be, x, part, scale, base, split.ptr, out, cfg, false)
+    // The split of the pre before still pending on the side stream.
+    join_side(be);
+    let part = mix_partials(be, x, mix, nw, cfg.norm_eps, &s, ssp)?;
+    if be.hc_branch() && cfg.n_hc * cfg.n_hc <= 32 {
+        // The collapse first (all the sublayer waits for), the split
+        // beside the sublayer (only its post reads it).
+        let mode = SplitMode::PreMix;
+        split_collapse(be, x, part, scale, base, split.ptr, out, cfg, mode)?;
+        return sinkhorn_beside(be, split, scale, base, cfg);
+    }
+    split_collapse(
+        be,
+        x,
+        part,
+        scale,
+        base,
+        split.ptr,
+        out,
+        cfg,
+        SplitMode::Pre,
+    )
 }
 
-/// A thread per (row, value of a stream): bound by memory.
+/// A thread per (row, value of a stream): bound by memory. A residual
+/// add `y += z` recorded just before is done inside (the command taken
+/// back, y still written), and the next hc_pre may patch in the sums of
+/// squares it needs ([`fuse_post_norm`]).
 pub(super) fn hc_post(
     be: &CudaBackend,
     x: &mut CudaTensor,
@@ -284,8 +434,36 @@ pub(super) fn hc_post(
         return Ok(());
     }
     let (xp, yp, sp) = (x.ptr, y.ptr, split.ptr);
-    let (n_i, d_i) = (n as i32, d as i32);
-    launch!(be, "hc_post", (x.rows as u32, blocks(d, 256), 1), 256; &xp, &yp, &sp, &n_i, &d_i)
+    let y2 = if be.hc_fuse() {
+        take_residual_add(be, y)
+    } else {
+        0
+    };
+    // The split may still be computing on the side stream.
+    join_side(be);
+    let (n_i, d_i, none) = (n as i32, d as i32, 0u64);
+    let grid = (x.rows as u32, post_blocks(d) as u32, 1);
+    launch!(be, "hc_post", grid, POST_THREADS as u32; &xp, &yp, &y2, &sp, &n_i, &d_i, &none)
+}
+
+/// When the last command recorded is `y += z` over all of `y`, takes it
+/// back and returns z's address (hc_post adds it), else 0.
+fn take_residual_add(be: &CudaBackend, y: &CudaTensor) -> u64 {
+    use super::queue::Cmd;
+    let add = be.func("add_assign").cu_function() as usize;
+    let mut st = be.lock();
+    let (back, z) = match st.last_launch(|_| false) {
+        // add_assign(x, y, n)
+        Some((back, Cmd::Launch { func, args, .. }))
+            if *func == add && args[0] == y.ptr && args[2] == (y.rows * y.cols) as u64 =>
+        {
+            (back, args[1])
+        }
+        _ => return 0,
+    };
+    st.edit(back, |_| None);
+    st.fused_hc_adds += 1;
+    z
 }
 
 pub(super) fn hc_head(
@@ -303,8 +481,9 @@ pub(super) fn hc_head(
         return Ok(());
     }
     be.issue_chunk()?;
-    let part = mix_partials(be, x, mix, cfg.n_hc, cfg.norm_eps)?;
-    split_collapse(be, x, part, scale, base, 0, out, cfg, true)
+    let s = mix_scratch(be, x, cfg.n_hc, out.cols)?;
+    let part = mix_partials(be, x, mix, cfg.n_hc, cfg.norm_eps, &s, None)?;
+    split_collapse(be, x, part, scale, base, 0, out, cfg, SplitMode::Head)
 }
 
 /// A warp per head: bound by memory.

@@ -207,6 +207,16 @@ pub fn matmul_many(
     Ok(())
 }
 
+/// Threads per weight row of the decode matvecs: about one 32-value chunk
+/// each, from a warp to a block (see mv_q in matmul.cu).
+fn threads_per_row(n_in: usize) -> usize {
+    match n_in / 32 {
+        96.. => 128,
+        48.. => 64,
+        _ => 32,
+    }
+}
+
 /// Matrices one decode launch takes (`MV_PARAMS` in matmul.cu).
 const MV_MATRICES: usize = 3;
 
@@ -223,13 +233,7 @@ fn matvecs(
 ) -> Result<(), BackendError> {
     let (ty, n_in, rb) = (ws[0].ggml_type, ws[0].cols, ws[0].row_bytes);
     debug_assert!(ws.iter().all(|w| w.ggml_type == ty && w.cols == n_in));
-    // Threads per weight row: about one 32-value chunk each, from a warp
-    // to a block (see mv_q in matmul.cu).
-    let tpr = match n_in / 32 {
-        96.. => 128,
-        48.. => 64,
-        _ => 32,
-    };
+    let tpr = threads_per_row(n_in);
     // Q4_K rows read with 16-byte loads where the weights allow it.
     let q4k16 = ty == GgmlType::Q4_K && ws.iter().all(|w| be.weight_ptr(w).is_multiple_of(16));
     let rows: usize = ws.iter().map(|w| w.rows).sum();
@@ -307,6 +311,29 @@ pub(super) fn grouped_matvec(
     let (n_out, n_in, gr) = (w.rows as i32, w.cols as i32, group_rows as i32);
     launch!(be, "mvsg_q8_0", (blocks, 1, 1), (128, mvs_smem(rb));
         &wp, &rb, &a.aq, &a.ad, &out, &n_out, &n_in, &gr)
+}
+
+/// One row through a grouped Q8_0 weight with the dense decode matvec
+/// (`mvg*_q8_0`): stacked row r reads activation group r / `group_rows`.
+/// None when a block's rows would span two groups.
+pub(super) fn grouped_dense_matvec(
+    be: &CudaBackend,
+    w: &CudaWeight,
+    group_rows: usize,
+    a: &Act,
+    out: u64,
+) -> Option<Result<(), BackendError>> {
+    let tpr = threads_per_row(w.cols);
+    let per_block = 128 / tpr;
+    if w.ggml_type != GgmlType::Q8_0 || group_rows == 0 || !group_rows.is_multiple_of(per_block) {
+        return None;
+    }
+    let blocks = w.rows.div_ceil(per_block) as u32;
+    let (wp, rb) = (be.weight_ptr(w), w.row_bytes as u64);
+    let (n_out, n_in, gr) = (w.rows as i32, w.cols as i32, group_rows as i32);
+    let name = format!("mvg{tpr}_q8_0");
+    Some(launch!(be, name.as_str(), (blocks, 1, 1), 128;
+        &wp, &rb, &a.aq, &a.ad, &out, &n_out, &n_in, &gr))
 }
 
 /// Device buffers of one quantized activation (see matmul.cu).

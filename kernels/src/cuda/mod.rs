@@ -265,6 +265,12 @@ pub struct CudaBackend {
     staged_q8: bool,
     /// [`CudaOptions::warp_mv`].
     warp_mv: bool,
+    /// [`CudaOptions::grouped_mv`].
+    grouped_mv: bool,
+    /// [`CudaOptions::hc_fuse`].
+    hc_fuse: bool,
+    /// [`CudaOptions::hc_branch`] (the side stream is in the state).
+    hc_branch: bool,
     /// [`CudaOptions::timing`].
     timing: bool,
     /// Whether the fused layer's cluster fits the device, by its shared
@@ -356,6 +362,11 @@ impl CudaBackend {
         }
         let mut state = queue::State::new(opts.graphs);
         state.pdl = arch >= 90 && opts.pdl;
+        if opts.hc_branch {
+            ctx.bind_to_thread()
+                .map_err(|e| dev_err("binding the CUDA context", e))?;
+            state.side = Some(queue::Side::new()?);
+        }
         if state.pdl && opts.zero_kernel {
             state.zero_func = funcs["zero_bytes"].cu_function() as usize;
         }
@@ -403,6 +414,9 @@ impl CudaBackend {
             fused_layer,
             staged_q8: opts.staged_q8 && arch >= 80,
             warp_mv: opts.warp_mv,
+            grouped_mv: opts.grouped_mv,
+            hc_fuse: opts.hc_fuse,
+            hc_branch: opts.hc_branch,
             cluster_fit: Mutex::new(HashMap::new()),
             tail_ropes: hyper::TailRopes::default(),
         })
@@ -511,6 +525,24 @@ impl CudaBackend {
         self.warp_mv
     }
 
+    /// Whether one-token grouped Q8_0 projections take the dense matvec
+    /// ([`CudaOptions::grouped_mv`]).
+    pub fn grouped_mv(&self) -> bool {
+        self.grouped_mv
+    }
+
+    /// Whether hyper-connection posts fuse with the ops around them
+    /// ([`CudaOptions::hc_fuse`]).
+    pub fn hc_fuse(&self) -> bool {
+        self.hc_fuse
+    }
+
+    /// Whether the hyper-connection Sinkhorn runs on the side stream
+    /// ([`CudaOptions::hc_branch`]).
+    pub fn hc_branch(&self) -> bool {
+        self.hc_branch
+    }
+
     pub fn arch(&self) -> u32 {
         self.arch
     }
@@ -555,6 +587,13 @@ impl CudaBackend {
     /// after them writes the whole tensor.
     pub fn dropped_memsets(&self) -> u64 {
         self.lock().dropped_memsets
+    }
+
+    /// How many residual adds ran inside the hyper-connection post after
+    /// them, and how many hc_pre norms came from the post before them.
+    pub fn fused_hc(&self) -> (u64, u64) {
+        let st = self.lock();
+        (st.fused_hc_adds, st.fused_hc_norms)
     }
 
     /// Where the host's time went (recording, issuing, waiting).

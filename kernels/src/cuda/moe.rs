@@ -354,6 +354,12 @@ pub(super) fn matmul_grouped(
             // One row of Q8_0: the staged matvec, same bits as the tiles'.
             return matmul::grouped_matvec(be, w, m, act, out.ptr);
         }
+        if be.grouped_mv() {
+            // The dense decode matvec, each row on its group's input.
+            if let Some(r) = matmul::grouped_dense_matvec(be, w, m, act, out.ptr) {
+                return r;
+            }
+        }
     }
     let n_tiles = words.len() / 4;
     let t = Tiles {

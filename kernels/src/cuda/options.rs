@@ -37,6 +37,19 @@ pub struct CudaOptions {
     /// (`DS4_CUDA_WARP_MV=0`: the block-per-rows kernels, which stage
     /// block terms in shared memory). Same bits either way.
     pub warp_mv: bool,
+    /// One-token grouped Q8_0 projections (DeepSeek V4's output
+    /// low-rank) run the dense decode matvec, each row reading its
+    /// group's input (`DS4_CUDA_GROUPED_MV=0`: the expert matvecs, whose
+    /// sums are in a batch's order).
+    pub grouped_mv: bool,
+    /// The hyper-connection post takes in the residual add before it and
+    /// leaves the next pre step its sums of squares (no hc_norm launch)
+    /// (`DS4_CUDA_HC_FUSE=0`: each op its own launch).
+    pub hc_fuse: bool,
+    /// The hyper-connection pre's Sinkhorn split runs on a second stream
+    /// (a second graph branch) beside the sublayer, which needs it only
+    /// at its post (`DS4_CUDA_HC_BRANCH=0`: in the collapse's kernel).
+    pub hc_branch: bool,
     /// Quantized batches of at most this many tokens run the dp4a kernel
     /// rather than the tensor cores (`DS4_CUDA_DP4A_TOKENS`).
     pub dp4a_tokens: usize,
@@ -73,6 +86,9 @@ impl CudaOptions {
         staged_q8: false,
         // 94.6 -> 69.9 us for one token's 6 experts (bench/NOTES.md).
         warp_mv: true,
+        grouped_mv: true,
+        hc_fuse: true,
+        hc_branch: true,
         dp4a_tokens: DP4A_TOKENS,
         mvt_tokens: MVT_TOKENS,
         chunk_cmds: CHUNK_CMDS,
@@ -93,6 +109,9 @@ impl CudaOptions {
             fused_layer: env_bool("DS4_CUDA_FUSED_LAYER", d.fused_layer),
             staged_q8: env_bool("DS4_CUDA_STAGED_Q8", d.staged_q8),
             warp_mv: env_bool("DS4_CUDA_WARP_MV", d.warp_mv),
+            grouped_mv: env_bool("DS4_CUDA_GROUPED_MV", d.grouped_mv),
+            hc_fuse: env_bool("DS4_CUDA_HC_FUSE", d.hc_fuse),
+            hc_branch: env_bool("DS4_CUDA_HC_BRANCH", d.hc_branch),
             dp4a_tokens: env_usize("DS4_CUDA_DP4A_TOKENS", d.dp4a_tokens),
             mvt_tokens: env_usize("DS4_CUDA_MVT_TOKENS", d.mvt_tokens),
             chunk_cmds: env_usize("DS4_CUDA_CHUNK", d.chunk_cmds),

@@ -44,7 +44,7 @@ impl Profile {
         let mut marks = vec![event()?];
         record(&marks[0])?;
         for c in cmds {
-            super::queue::issue(stream, std::slice::from_ref(c), false, 0)?;
+            super::queue::issue(stream, std::slice::from_ref(c), false, 0, None)?;
             let e = event()?;
             record(&e)?;
             marks.push(e);
@@ -63,6 +63,7 @@ impl Profile {
                 Cmd::Memset { .. } => ("(memset)", (0, 0, 0)),
                 Cmd::HtoD { .. } => ("(host to device)", (0, 0, 0)),
                 Cmd::DtoD { .. } => ("(device copy)", (0, 0, 0)),
+                Cmd::Fork | Cmd::Back | Cmd::Join => ("(stream order)", (0, 0, 0)),
             };
             let t = self.totals.entry(key).or_default();
             t.0 += 1;

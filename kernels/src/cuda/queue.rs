@@ -98,6 +98,57 @@ pub enum Cmd {
         src: u64,
         bytes: usize,
     },
+    /// The commands after this one run on the side stream, after what
+    /// the main stream has so far (a second branch of the graph).
+    Fork,
+    /// The commands after this one run on the main stream again, beside
+    /// the side stream's.
+    Back,
+    /// The main stream waits for what the side stream has so far. A list
+    /// ends with one where a fork is still open.
+    Join,
+}
+
+/// The second stream of a [`Cmd::Fork`] and the two events that order it
+/// against the main stream (raw handles: cudarc's own streams would put
+/// its context in multi-stream mode, with events on every allocation).
+pub struct Side {
+    stream: sys::CUstream,
+    fork: sys::CUevent,
+    join: sys::CUevent,
+}
+
+// SAFETY: the handles are used only under the backend's lock.
+unsafe impl Send for Side {}
+
+impl Side {
+    /// A non-blocking stream and two events without timing, in the
+    /// context bound to this thread.
+    pub fn new() -> Result<Side, BackendError> {
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| dev_err("creating the side stream", e))?;
+        let event = || {
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(|e| dev_err("creating a side-stream event", e))
+        };
+        Ok(Side {
+            stream,
+            fork: event()?,
+            join: event()?,
+        })
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once; pending work on the
+        // stream completes before its resources are released.
+        unsafe {
+            let _ = result::event::destroy(self.fork);
+            let _ = result::event::destroy(self.join);
+            let _ = result::stream::destroy(self.stream);
+        }
+    }
 }
 
 struct Graph {
@@ -182,6 +233,11 @@ pub struct State {
     /// place of memsets (a run of adjacent ones in one launch), so that
     /// fresh tensors do not break the chain of early launches; 0: memsets.
     pub zero_func: usize,
+    /// The side stream of [`Cmd::Fork`]; None: forks run on the main
+    /// stream, in order.
+    pub side: Option<Side>,
+    /// A [`Cmd::Fork`] recorded and not joined yet.
+    pub fork_open: bool,
     tick: u64,
     pub stats: GraphStats,
     pub timing: HostTiming,
@@ -194,6 +250,10 @@ pub struct State {
     pub fused_rope_stores: u64,
     /// Fresh-tensor zeroings dropped (see [`State::drop_fresh_memset`]).
     pub dropped_memsets: u64,
+    /// Residual adds done inside the hc_post after them, and hc_norm
+    /// launches replaced by the hc_post before (see hyper.rs).
+    pub fused_hc_adds: u64,
+    pub fused_hc_norms: u64,
     /// Set when kernels are timed one by one (see [`super::profile`]).
     pub profile: Option<super::profile::Profile>,
     /// The kernel names a profile reports under (filled when the modules
@@ -220,6 +280,8 @@ impl State {
             graphs_on,
             pdl: false,
             zero_func: 0,
+            side: None,
+            fork_open: false,
             tick: 0,
             stats: GraphStats::default(),
             timing: HostTiming::default(),
@@ -227,6 +289,8 @@ impl State {
             fused_quantizations: 0,
             fused_rope_stores: 0,
             dropped_memsets: 0,
+            fused_hc_adds: 0,
+            fused_hc_norms: 0,
             profile: None,
             profile_names: Default::default(),
             graveyard: Vec::new(),
@@ -320,6 +384,7 @@ impl State {
                     src,
                     bytes: b,
                 } => overlaps(d, b) || overlaps(src, b),
+                Cmd::Fork | Cmd::Back | Cmd::Join => false,
             };
             if touches {
                 return false;
@@ -381,6 +446,9 @@ impl State {
                 h.add(*src);
                 h.add(*bytes as u64);
             }
+            Cmd::Fork => h.add(5),
+            Cmd::Back => h.add(6),
+            Cmd::Join => h.add(7),
         }
         self.hash = h.0;
         self.cmds.push(c);
@@ -456,6 +524,8 @@ impl State {
         self.cmds.clear();
         self.hash_before.clear();
         self.hash = 0;
+        // issue joined a fork still open at the end of the list.
+        self.fork_open = false;
         // Frees are stream-ordered: after the commands just issued.
         self.graveyard.clear();
         r
@@ -468,7 +538,13 @@ impl State {
         }
         if !self.graphs_on || self.cmds.len() < MIN_GRAPH_CMDS {
             self.stats.direct += 1;
-            return issue(stream, &self.cmds, self.pdl, self.zero_func);
+            return issue(
+                stream,
+                &self.cmds,
+                self.pdl,
+                self.zero_func,
+                self.side.as_ref(),
+            );
         }
         self.tick += 1;
         let tick = self.tick;
@@ -483,7 +559,13 @@ impl State {
                     .map_err(|e| dev_err("launching a CUDA graph", e));
             }
             if g.seen == 2 {
-                if let Some(graph) = capture(stream, &self.cmds, self.pdl, self.zero_func)? {
+                if let Some(graph) = capture(
+                    stream,
+                    &self.cmds,
+                    self.pdl,
+                    self.zero_func,
+                    self.side.as_ref(),
+                )? {
                     graph
                         .launch()
                         .map_err(|e| dev_err("launching a CUDA graph", e))?;
@@ -493,10 +575,22 @@ impl State {
                 }
             }
             self.stats.direct += 1;
-            return issue(stream, &self.cmds, self.pdl, self.zero_func);
+            return issue(
+                stream,
+                &self.cmds,
+                self.pdl,
+                self.zero_func,
+                self.side.as_ref(),
+            );
         }
         self.stats.direct += 1;
-        issue(stream, &self.cmds, self.pdl, self.zero_func)?;
+        issue(
+            stream,
+            &self.cmds,
+            self.pdl,
+            self.zero_func,
+            self.side.as_ref(),
+        )?;
         bucket.push(Graph {
             cmds: self.cmds.clone(),
             graph: None,
@@ -586,12 +680,13 @@ fn capture(
     cmds: &[Cmd],
     pdl: bool,
     zero_func: usize,
+    side: Option<&Side>,
 ) -> Result<Option<CudaGraph>, BackendError> {
     use sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as MODE;
     if stream.begin_capture(MODE).is_err() {
         return Ok(None);
     }
-    let issued = issue(stream, cmds, pdl, zero_func);
+    let issued = issue(stream, cmds, pdl, zero_func, side);
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     issued?;
     Ok(graph.ok().flatten())
@@ -599,18 +694,73 @@ fn capture(
 
 /// Issues `cmds` on `stream`; with `pdl`, kernels launch with
 /// programmatic stream serialization (see [`State::pdl`]), and memsets
-/// run as `zero_func` where it is not 0 ([`State::zero_func`]).
+/// run as `zero_func` where it is not 0 ([`State::zero_func`]). The
+/// commands between a [`Cmd::Fork`] and the [`Cmd::Back`] after it run on
+/// `side` (without `side`, on `stream` in order); a fork still open at the
+/// end is joined, so that a captured list is whole.
 pub fn issue(
     stream: &CudaStream,
     cmds: &[Cmd],
     pdl: bool,
     zero_func: usize,
+    side: Option<&Side>,
 ) -> Result<(), BackendError> {
-    let s = stream.cu_stream();
+    let main = stream.cu_stream();
+    let (mut s, mut open) = (main, false);
+    let join = |open: &mut bool| -> Result<(), BackendError> {
+        if let (true, Some(sd)) = (*open, side) {
+            // SAFETY: live handles of this context (Side::new).
+            unsafe {
+                result::event::record(sd.join, sd.stream)
+                    .and_then(|()| {
+                        result::stream::wait_event(
+                            main,
+                            sd.join,
+                            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                        )
+                    })
+                    .map_err(|e| dev_err("joining the side stream", e))?;
+            }
+        }
+        *open = false;
+        Ok(())
+    };
     let mut i = 0;
     while i < cmds.len() {
         let c = &cmds[i];
         i += 1;
+        match (c, side) {
+            (Cmd::Fork, Some(sd)) => {
+                join(&mut open)?;
+                // SAFETY: live handles of this context (Side::new).
+                unsafe {
+                    result::event::record(sd.fork, main)
+                        .and_then(|()| {
+                            result::stream::wait_event(
+                                sd.stream,
+                                sd.fork,
+                                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                            )
+                        })
+                        .map_err(|e| dev_err("forking the side stream", e))?;
+                }
+                (s, open) = (sd.stream, true);
+                continue;
+            }
+            (Cmd::Back, _) => {
+                s = main;
+                continue;
+            }
+            (Cmd::Join, _) => {
+                s = main;
+                join(&mut open)?;
+                continue;
+            }
+            (Cmd::Fork, None) => continue,
+            _ => {}
+        }
+        // Early launches only on the main stream.
+        let pdl = pdl && s == main;
         if let (true, true, Cmd::Memset { dst, bytes }) = (pdl, zero_func != 0, c) {
             // The run of memsets that continue this one (arena tensors
             // made one after the other; the padding between them belongs
@@ -684,11 +834,12 @@ pub fn issue(
                     result::memcpy_htod_async(*dst, host, s)
                 }
                 Cmd::DtoD { dst, src, bytes } => result::memcpy_dtod_async(*dst, *src, *bytes, s),
+                Cmd::Fork | Cmd::Back | Cmd::Join => unreachable!("handled above"),
             }
         };
         r.map_err(|e| dev_err(&format!("issuing {}", describe(c)), e))?;
     }
-    Ok(())
+    join(&mut open)
 }
 
 /// `cuLaunchKernelEx` with programmatic stream serialization allowed: the
@@ -736,5 +887,8 @@ fn describe(c: &Cmd) -> String {
         Cmd::Memset { bytes, .. } => format!("a memset of {bytes} bytes"),
         Cmd::HtoD { bytes, .. } => format!("a host-to-device copy of {bytes} bytes"),
         Cmd::DtoD { bytes, .. } => format!("a device copy of {bytes} bytes"),
+        Cmd::Fork => "a fork to the side stream".into(),
+        Cmd::Back => "a return to the main stream".into(),
+        Cmd::Join => "a join of the side stream".into(),
     }
 }
