@@ -11,12 +11,13 @@
 # DS4_CUDA_STAGED_Q8=0 and DS4_CUDA_STAGED_Q8=1; C, where set, a third
 # side), PARITY (test binary and
 # filters, run with B's environment: "BIN FILTER..." entries separated by
-# ';', default the staged Q8_0 and grouped matvec tests), REPS (default
+# ';', default the staged Q8_0 and grouped matvec tests), LLAMA (0: no
+# llama-bench, for a run that compares ds4 sides only), REPS (default
 # 5), PROMPTS (default 512), DEPTHS (default 4096), OUT (default
 # /tmp/ds4-flash-ab), plus what scripts/device/bench-ds4-vs-llamacpp.sh
 # reads (BIN, GEN, DS4_FLASH_FILE, DS4_FLAGS, WORK). A GPU with less than
 # 100 GB gets the first 28 blocks only (LAYERS=28, a smaller file of the
-# same shapes). Kernel PTX is cached in DS4_KERNEL_CACHE (default
+# same shapes). PROFILE=0 leaves out the per-kernel profiles. Kernel PTX is cached in DS4_KERNEL_CACHE (default
 # $OUT/kernel-cache).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -56,10 +57,10 @@ done
 for side in $sides; do
   envs="$(side_env $side)"
   say "ds4 side $side: $envs"
-  env $envs DS4_CUDA_TIMING="${DS4_CUDA_TIMING:-0}" PROFILE=1 OUT="$out/$side" "$bench" ds4
+  env $envs DS4_CUDA_TIMING="${DS4_CUDA_TIMING:-0}" PROFILE="${PROFILE:-1}" OUT="$out/$side" "$bench" ds4
 done
 
-OUT="$out/a" "$bench" llama
+[[ "${LLAMA:-1}" == 1 ]] && OUT="$out/a" "$bench" llama
 for f in llama.json llama-depth.json; do
   for side in $sides; do [[ -e "$out/a/$f" && $side != a ]] && cp "$out/a/$f" "$out/$side/$f"; done
 done

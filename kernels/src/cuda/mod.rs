@@ -363,9 +363,7 @@ impl CudaBackend {
         let mut state = queue::State::new(opts.graphs);
         state.pdl = arch >= 90 && opts.pdl;
         if opts.hc_branch {
-            ctx.bind_to_thread()
-                .map_err(|e| dev_err("binding the CUDA context", e))?;
-            state.side = Some(queue::Side::new()?);
+            state.side = Some(queue::Side::new(&ctx)?);
         }
         if state.pdl && opts.zero_kernel {
             state.zero_func = funcs["zero_bytes"].cu_function() as usize;

@@ -113,6 +113,8 @@ pub enum Cmd {
 /// against the main stream (raw handles: cudarc's own streams would put
 /// its context in multi-stream mode, with events on every allocation).
 pub struct Side {
+    /// Kept so that the context outlives the handles made in it.
+    ctx: Arc<cudarc::driver::CudaContext>,
     stream: sys::CUstream,
     fork: sys::CUevent,
     join: sys::CUevent,
@@ -122,9 +124,10 @@ pub struct Side {
 unsafe impl Send for Side {}
 
 impl Side {
-    /// A non-blocking stream and two events without timing, in the
-    /// context bound to this thread.
-    pub fn new() -> Result<Side, BackendError> {
+    /// A non-blocking stream and two events without timing, in `ctx`.
+    pub fn new(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<Side, BackendError> {
+        ctx.bind_to_thread()
+            .map_err(|e| dev_err("binding the CUDA context", e))?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| dev_err("creating the side stream", e))?;
         let event = || {
@@ -132,6 +135,7 @@ impl Side {
                 .map_err(|e| dev_err("creating a side-stream event", e))
         };
         Ok(Side {
+            ctx: ctx.clone(),
             stream,
             fork: event()?,
             join: event()?,
@@ -141,8 +145,12 @@ impl Side {
 
 impl Drop for Side {
     fn drop(&mut self) {
-        // SAFETY: created in `new`, destroyed once; pending work on the
-        // stream completes before its resources are released.
+        // SAFETY: created in `new` in this context (alive: held), destroyed
+        // once; pending work on the stream completes before its resources
+        // are released.
+        if self.ctx.bind_to_thread().is_err() {
+            return;
+        }
         unsafe {
             let _ = result::event::destroy(self.fork);
             let _ = result::event::destroy(self.join);
