@@ -298,73 +298,6 @@ __device__ double sinkhorn_warp(const float* s_m, const float* scale, const floa
     return c;
 }
 
-// The same matrix in one thread's registers for n == N: sinkhorn_warp's
-// operations in its order, with the n elements of a row or column
-// normalized together (independent divisions in flight) and no shuffles.
-// Every lane computes it; lane t = a N + b returns C[a][b].
-template <int N>
-__device__ double sinkhorn_regs(const float* s_m, const float* scale, const float* base, int steps, double e,
-                                int lane) {
-    double c[N][N];
-#pragma unroll
-    for (int a = 0; a < N; a++)
-#pragma unroll
-        for (int b = 0; b < N; b++)
-            c[a][b] = (double)s_m[2 * N + a * N + b] * (double)scale[2] + (double)base[2 * N + a * N + b];
-#pragma unroll
-    for (int a = 0; a < N; a++) {
-        double mx = d_neg_inf();
-#pragma unroll
-        for (int k = 0; k < N; k++) mx = fmax(mx, c[a][k]);
-        double ex[N];
-#pragma unroll
-        for (int k = 0; k < N; k++) ex[k] = exp(__dsub_rn(c[a][k], mx));
-        double s = ex[0];
-#pragma unroll
-        for (int k = 1; k < N; k++) s = __dadd_rn(s, ex[k]);
-#pragma unroll
-        for (int k = 0; k < N; k++) c[a][k] = __dadd_rn(__ddiv_rn(ex[k], s), e);
-    }
-    for (int st = 0; st < steps; st++) {
-        if (st % 2 == 0) {  // columns
-#pragma unroll
-            for (int b = 0; b < N; b++) {
-                double s = c[0][b];
-#pragma unroll
-                for (int k = 1; k < N; k++) s = __dadd_rn(s, c[k][b]);
-                double d = __dadd_rn(s, e);
-#pragma unroll
-                for (int a = 0; a < N; a++) c[a][b] = __ddiv_rn(c[a][b], d);
-            }
-        } else {  // rows
-#pragma unroll
-            for (int a = 0; a < N; a++) {
-                double s = c[a][0];
-#pragma unroll
-                for (int k = 1; k < N; k++) s = __dadd_rn(s, c[a][k]);
-                double d = __dadd_rn(s, e);
-#pragma unroll
-                for (int b = 0; b < N; b++) c[a][b] = __ddiv_rn(c[a][b], d);
-            }
-        }
-    }
-    double v = 0.0;
-#pragma unroll
-    for (int a = 0; a < N; a++)
-#pragma unroll
-        for (int b = 0; b < N; b++)
-            if (lane == a * N + b) v = c[a][b];
-    return v;
-}
-
-// C[a][b] for lane a n + b of a warp (n * n <= 32): in registers for the
-// four streams every model here has, else across the lanes.
-__device__ __forceinline__ double sinkhorn_lane(const float* s_m, const float* scale, const float* base, int n,
-                                                int steps, double e, int lane) {
-    if (n == 4) return sinkhorn_regs<4>(s_m, scale, base, steps, e, lane);
-    return sinkhorn_warp(s_m, scale, base, n, steps, e, lane);
-}
-
 // grid (rows, slices of d): the row's mix m (hc_mix's partials summed in
 // chunk order), then
 //  - head == 0 (hc_pre): pre_a = sigmoid(m_a s0 + b_a) + eps, post_b =
@@ -428,7 +361,7 @@ extern "C" __global__ void hc_split(const float* x, const float* part, int n_chu
     bool own = !head && blockIdx.y == 0;  // this block computes C and writes the split
     bool warp_c = own && nn <= 32;
     if (warp_c && tid < 32) {
-        double c = sinkhorn_lane(s_m, scale, base, n, steps, e, tid);
+        double c = sinkhorn_warp(s_m, scale, base, n, steps, e, tid);
         if (tid < 2 * n) split[(u64)r * nw + tid] = s_w[tid];
         if (tid < nn) split[(u64)r * nw + 2 * n + tid] = (float)c;
     } else if (own && !warp_c) {  // block-uniform: every thread reaches the barriers
@@ -495,7 +428,7 @@ extern "C" __global__ void hc_sinkhorn(const float* scale, const float* base, fl
     for (int j = lane; j < nw; j += WARP) s_m[j] = sp[j];
     __syncwarp();
     double e = (double)eps;
-    double c = sinkhorn_lane(s_m, scale, base, n, steps, e, lane);
+    double c = sinkhorn_warp(s_m, scale, base, n, steps, e, lane);
     if (lane < n) {
         sp[lane] = (float)(sigmoid_d((double)s_m[lane] * (double)scale[0] + (double)base[lane]) + e);
         sp[n + lane] = (float)(2.0 * sigmoid_d((double)s_m[n + lane] * (double)scale[1] + (double)base[n + lane]));

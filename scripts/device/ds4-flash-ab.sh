@@ -41,7 +41,11 @@ if [[ -z "${DS4_FLASH_FILE:-}" && "${mem:-0}" -lt 100000 ]]; then
   export LAYERS=28 DS4_FLASH_FILE=/dev/shm/ds4-flash-q2-l28.gguf
 fi
 
-OUT="$out/a" "$bench" build file || exit 1
+if [[ "${LLAMA:-1}" == 1 ]]; then
+  OUT="$out/a" "$bench" build file || exit 1
+else
+  OUT="$out/a" "$bench" file || exit 1
+fi
 
 status=0
 IFS=';' read -ra runs <<<"$parity"
