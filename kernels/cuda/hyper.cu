@@ -298,6 +298,16 @@ __device__ double sinkhorn_warp(const float* s_m, const float* scale, const floa
     return c;
 }
 
+// The split's weights from the row's mix m: pre_a = sigmoid(m_a s0 +
+// b_a) + eps and post_b = 2 sigmoid(m_{n+b} s1 + b_{n+b}), in f64.
+__device__ __forceinline__ float split_pre(const float* m, const float* scale, const float* base, int a,
+                                           double e) {
+    return (float)(sigmoid_d((double)m[a] * (double)scale[0] + (double)base[a]) + e);
+}
+__device__ __forceinline__ float split_post(const float* m, const float* scale, const float* base, int n, int b) {
+    return (float)(2.0 * sigmoid_d((double)m[n + b] * (double)scale[1] + (double)base[n + b]));
+}
+
 // grid (rows, slices of d): the row's mix m (hc_mix's partials summed in
 // chunk order), then
 //  - head == 0 (hc_pre): pre_a = sigmoid(m_a s0 + b_a) + eps, post_b =
@@ -351,10 +361,8 @@ extern "C" __global__ void hc_split(const float* x, const float* part, int n_chu
     __syncthreads();
     double e = (double)eps;
     if (tid < n) {
-        s_w[tid] = (float)(sigmoid_d((double)s_m[tid] * (double)scale[0] + (double)base[tid]) + e);
-        if (head == 0)
-            s_w[n + tid] =
-                (float)(2.0 * sigmoid_d((double)s_m[n + tid] * (double)scale[1] + (double)base[n + tid]));
+        s_w[tid] = split_pre(s_m, scale, base, tid, e);
+        if (head == 0) s_w[n + tid] = split_post(s_m, scale, base, n, tid);
     }
     __syncthreads();
     int nn = n * n;
@@ -430,8 +438,8 @@ extern "C" __global__ void hc_sinkhorn(const float* scale, const float* base, fl
     double e = (double)eps;
     double c = sinkhorn_warp(s_m, scale, base, n, steps, e, lane);
     if (lane < n) {
-        sp[lane] = (float)(sigmoid_d((double)s_m[lane] * (double)scale[0] + (double)base[lane]) + e);
-        sp[n + lane] = (float)(2.0 * sigmoid_d((double)s_m[n + lane] * (double)scale[1] + (double)base[n + lane]));
+        sp[lane] = split_pre(s_m, scale, base, lane, e);
+        sp[n + lane] = split_post(s_m, scale, base, n, lane);
     }
     if (lane < n * n) sp[2 * n + lane] = (float)c;
 }

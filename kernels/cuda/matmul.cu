@@ -383,9 +383,9 @@ extern "C" __global__ void __launch_bounds__(128) mvsg_q8_0(const u8* W, u64 rb,
 }
 
 // matmul_grouped's one-row case through mv_q (TPR threads a row, the
-// dense decode matvec's sums, not a batch's order): row r of the stacked weight reads
-// activation group r / group_rows. A block's 128 / TPR rows share one
-// group (matmul.rs: group_rows a multiple of them).
+// dense decode matvec's sums, not a batch's order): row r of the stacked
+// weight reads activation group r / group_rows. A block's 128 / TPR rows
+// share one group (matmul.rs: group_rows a multiple of them).
 #define MVG_Q8_0(TPR)                                                                            \
     extern "C" __global__ void __launch_bounds__(128) mvg##TPR##_q8_0(                            \
         const u8* W, u64 rb, const i8* aq, const float* ad, float* out, int n_out, int n_in,     \

@@ -166,6 +166,57 @@ fn hc_head_matches_cpu() {
     }
 }
 
+/// A weight bound on both backends.
+type Both = (
+    <CudaBackend as Backend>::Weight,
+    <CpuBackend as Backend>::Weight,
+);
+
+/// One pre step's weights (an F16 mix, scale, base) on both backends,
+/// random streams of `rows` rows of width `d`, and a real split: the
+/// CPU's hc_pre of those streams.
+struct PreCase {
+    mix: Both,
+    scale: Both,
+    base: Both,
+    x: Vec<f32>,
+    split: <CpuBackend as Backend>::Tensor,
+}
+
+fn pre_case(
+    g: &CudaBackend,
+    c: &CpuBackend,
+    cfg: &HcConfig,
+    rows: usize,
+    d: usize,
+    rng: &mut Rng,
+) -> PreCase {
+    let (n, nw) = (cfg.n_hc, cfg.mix_width());
+    let mix = mix_weight(g, c, GgmlType::F16, nw, n * d, rng);
+    let scale = row_weight(g, c, "hc_scale", &[0.6, 0.9, 1.4]);
+    let base = row_weight(g, c, "hc_base", &rng.vec(nw, 0.5));
+    let x = streams(rng, rows, n, d);
+    let (mut collapsed, mut split) = (c.tensor(rows, d), c.tensor(rows, nw));
+    let xc = c.tensor_from(rows, n * d, &x);
+    c.hc_pre(
+        &xc,
+        &mix.1,
+        &scale.1,
+        &base.1,
+        cfg,
+        &mut collapsed,
+        &mut split,
+    )
+    .unwrap();
+    PreCase {
+        mix,
+        scale,
+        base,
+        x,
+        split,
+    }
+}
+
 /// The post step from the same split on both sides: the CPU's bits.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -176,15 +227,7 @@ fn hc_post_is_exact() {
     let mut rng = Rng::new(103);
     for (d, rows) in [(256, 1), (256, 6), (4096, 1), (4096, 7), (4096, 64)] {
         let cols = n * d;
-        // A real split: the CPU's hc_pre of random streams.
-        let (_, mc) = mix_weight(g, &c, GgmlType::F16, nw, cols, &mut rng);
-        let (_, sc) = row_weight(g, &c, "hc_scale", &[0.6, 0.9, 1.4]);
-        let (_, bc) = row_weight(g, &c, "hc_base", &rng.vec(nw, 0.5));
-        let x = streams(&mut rng, rows, n, d);
-        let xc0 = c.tensor_from(rows, cols, &x);
-        let (mut collapsed, mut split) = (c.tensor(rows, d), c.tensor(rows, nw));
-        c.hc_pre(&xc0, &mc, &sc, &bc, &cfg, &mut collapsed, &mut split)
-            .unwrap();
+        let PreCase { x, split, .. } = pre_case(g, &c, &cfg, rows, d, &mut rng);
         let y = rng.vec(rows * d, 3.0);
         let (mut xg, yg, sg) = (
             g.tensor_from(rows, cols, &x),
@@ -216,21 +259,13 @@ fn hc_post_fuses_add_and_next_norm() {
     let mut rng = Rng::new(107);
     for (d, rows) in [(256, 1), (256, 5), (4096, 1), (4096, 3), (4096, 20)] {
         let cols = n * d;
-        let (mg, mc) = mix_weight(g, &c, GgmlType::F16, nw, cols, &mut rng);
-        let (sg, sc) = row_weight(g, &c, "hc_scale", &[0.6, 0.9, 1.4]);
-        let (bg, bc) = row_weight(g, &c, "hc_base", &rng.vec(nw, 0.5));
-        let x = streams(&mut rng, rows, n, d);
-        let (mut collapsed, mut split) = (c.tensor(rows, d), c.tensor(rows, nw));
-        c.hc_pre(
-            &c.tensor_from(rows, cols, &x),
-            &mc,
-            &sc,
-            &bc,
-            &cfg,
-            &mut collapsed,
-            &mut split,
-        )
-        .unwrap();
+        let PreCase {
+            mix: (mg, mc),
+            scale: (sg, sc),
+            base: (bg, bc),
+            x,
+            split,
+        } = pre_case(g, &c, &cfg, rows, d, &mut rng);
         let (y, z) = (rng.vec(rows * d, 3.0), rng.vec(rows * d, 1.0));
         let (mut xg, mut yg, zg, spg) = (
             g.tensor_from(rows, cols, &x),

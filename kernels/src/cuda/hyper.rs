@@ -385,24 +385,19 @@ pub(super) fn hc_pre(
     // The split of the pre before still pending on the side stream.
     join_side(be);
     let part = mix_partials(be, x, mix, nw, cfg.norm_eps, &s, ssp)?;
-    if be.hc_branch() && cfg.n_hc * cfg.n_hc <= 32 {
-        // The collapse first (all the sublayer waits for), the split
-        // beside the sublayer (only its post reads it).
-        let mode = SplitMode::PreMix;
-        split_collapse(be, x, part, scale, base, split.ptr, out, cfg, mode)?;
-        return sinkhorn_beside(be, split, scale, base, cfg);
+    // With the branch: the collapse first (all the sublayer waits for),
+    // the split beside the sublayer (only its post reads it).
+    let branch = be.hc_branch() && cfg.n_hc * cfg.n_hc <= 32;
+    let mode = if branch {
+        SplitMode::PreMix
+    } else {
+        SplitMode::Pre
+    };
+    split_collapse(be, x, part, scale, base, split.ptr, out, cfg, mode)?;
+    if branch {
+        sinkhorn_beside(be, split, scale, base, cfg)?;
     }
-    split_collapse(
-        be,
-        x,
-        part,
-        scale,
-        base,
-        split.ptr,
-        out,
-        cfg,
-        SplitMode::Pre,
-    )
+    Ok(())
 }
 
 /// A thread per (row, value of a stream): bound by memory. A residual

@@ -44,7 +44,7 @@ impl Profile {
         let mut marks = vec![event()?];
         record(&marks[0])?;
         for c in cmds {
-            super::queue::issue(stream, std::slice::from_ref(c), false, 0, None)?;
+            super::queue::issue(stream, std::slice::from_ref(c), Default::default())?;
             let e = event()?;
             record(&e)?;
             marks.push(e);

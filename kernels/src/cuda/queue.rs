@@ -544,15 +544,14 @@ impl State {
             self.stats.direct += 1;
             return p.issue(stream, &self.cmds);
         }
+        let how = IssueWith {
+            pdl: self.pdl,
+            zero_func: self.zero_func,
+            side: self.side.as_ref(),
+        };
         if !self.graphs_on || self.cmds.len() < MIN_GRAPH_CMDS {
             self.stats.direct += 1;
-            return issue(
-                stream,
-                &self.cmds,
-                self.pdl,
-                self.zero_func,
-                self.side.as_ref(),
-            );
+            return issue(stream, &self.cmds, how);
         }
         self.tick += 1;
         let tick = self.tick;
@@ -567,13 +566,7 @@ impl State {
                     .map_err(|e| dev_err("launching a CUDA graph", e));
             }
             if g.seen == 2 {
-                if let Some(graph) = capture(
-                    stream,
-                    &self.cmds,
-                    self.pdl,
-                    self.zero_func,
-                    self.side.as_ref(),
-                )? {
+                if let Some(graph) = capture(stream, &self.cmds, how)? {
                     graph
                         .launch()
                         .map_err(|e| dev_err("launching a CUDA graph", e))?;
@@ -583,22 +576,10 @@ impl State {
                 }
             }
             self.stats.direct += 1;
-            return issue(
-                stream,
-                &self.cmds,
-                self.pdl,
-                self.zero_func,
-                self.side.as_ref(),
-            );
+            return issue(stream, &self.cmds, how);
         }
         self.stats.direct += 1;
-        issue(
-            stream,
-            &self.cmds,
-            self.pdl,
-            self.zero_func,
-            self.side.as_ref(),
-        )?;
+        issue(stream, &self.cmds, how)?;
         bucket.push(Graph {
             cmds: self.cmds.clone(),
             graph: None,
@@ -686,49 +667,65 @@ impl Fx {
 fn capture(
     stream: &Arc<CudaStream>,
     cmds: &[Cmd],
-    pdl: bool,
-    zero_func: usize,
-    side: Option<&Side>,
+    how: IssueWith<'_>,
 ) -> Result<Option<CudaGraph>, BackendError> {
     use sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as MODE;
     if stream.begin_capture(MODE).is_err() {
         return Ok(None);
     }
-    let issued = issue(stream, cmds, pdl, zero_func, side);
+    let issued = issue(stream, cmds, how);
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     issued?;
     Ok(graph.ok().flatten())
 }
 
-/// Issues `cmds` on `stream`; with `pdl`, kernels launch with
-/// programmatic stream serialization (see [`State::pdl`]), and memsets
-/// run as `zero_func` where it is not 0 ([`State::zero_func`]). The
-/// commands between a [`Cmd::Fork`] and the [`Cmd::Back`] after it run on
-/// `side` (without `side`, on `stream` in order); a fork still open at the
-/// end is joined, so that a captured list is whole.
-pub fn issue(
-    stream: &CudaStream,
-    cmds: &[Cmd],
-    pdl: bool,
-    zero_func: usize,
-    side: Option<&Side>,
+/// How a list is issued: the switches of [`State`] it reads.
+#[derive(Clone, Copy, Default)]
+pub struct IssueWith<'a> {
+    /// [`State::pdl`].
+    pub pdl: bool,
+    /// [`State::zero_func`].
+    pub zero_func: usize,
+    /// [`State::side`].
+    pub side: Option<&'a Side>,
+}
+
+/// `then` waits for the work `first` has so far, through `event`.
+///
+/// # Safety
+///
+/// Live handles of the context bound to this thread.
+unsafe fn order(
+    event: sys::CUevent,
+    first: sys::CUstream,
+    then: sys::CUstream,
+    what: &str,
 ) -> Result<(), BackendError> {
+    result::event::record(event, first)
+        .and_then(|()| {
+            result::stream::wait_event(then, event, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+        })
+        .map_err(|e| dev_err(what, e))
+}
+
+/// Issues `cmds` on `stream`; with `how.pdl`, kernels launch with
+/// programmatic stream serialization (see [`State::pdl`]), and memsets
+/// run as `how.zero_func` where it is not 0 ([`State::zero_func`]). The
+/// commands between a [`Cmd::Fork`] and the [`Cmd::Back`] after it run on
+/// `how.side` (without one, on `stream` in order); a fork still open at
+/// the end is joined, so that a captured list is whole.
+pub fn issue(stream: &CudaStream, cmds: &[Cmd], how: IssueWith<'_>) -> Result<(), BackendError> {
+    let IssueWith {
+        pdl,
+        zero_func,
+        side,
+    } = how;
     let main = stream.cu_stream();
     let (mut s, mut open) = (main, false);
     let join = |open: &mut bool| -> Result<(), BackendError> {
         if let (true, Some(sd)) = (*open, side) {
             // SAFETY: live handles of this context (Side::new).
-            unsafe {
-                result::event::record(sd.join, sd.stream)
-                    .and_then(|()| {
-                        result::stream::wait_event(
-                            main,
-                            sd.join,
-                            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                        )
-                    })
-                    .map_err(|e| dev_err("joining the side stream", e))?;
-            }
+            unsafe { order(sd.join, sd.stream, main, "joining the side stream")? };
         }
         *open = false;
         Ok(())
@@ -741,17 +738,7 @@ pub fn issue(
             (Cmd::Fork, Some(sd)) => {
                 join(&mut open)?;
                 // SAFETY: live handles of this context (Side::new).
-                unsafe {
-                    result::event::record(sd.fork, main)
-                        .and_then(|()| {
-                            result::stream::wait_event(
-                                sd.stream,
-                                sd.fork,
-                                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                            )
-                        })
-                        .map_err(|e| dev_err("forking the side stream", e))?;
-                }
+                unsafe { order(sd.fork, main, sd.stream, "forking the side stream")? };
                 (s, open) = (sd.stream, true);
                 continue;
             }
