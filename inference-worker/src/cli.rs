@@ -96,6 +96,13 @@ pub struct CudaArgs {
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_hc_branch: bool,
+    /// The side branches of a forward pass (DeepSeek V4: the shared
+    /// expert beside the routed ones, the KV row and compressors beside
+    /// the query path) run on a second stream (off: in line).
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_BRANCHES", value_name = "on|off", default_value = "off",
+          value_parser = BoolishValueParser::new(), action = ArgAction::Set,
+          hide_possible_values = true)]
+    pub cuda_branches: bool,
     /// Quantized batches of at most N tokens use the dp4a kernel instead
     /// of the tensor cores.
     #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_DP4A_TOKENS", value_name = "N",
@@ -143,6 +150,7 @@ impl CudaArgs {
             grouped_mv: self.cuda_grouped_mv,
             hc_fuse: self.cuda_hc_fuse,
             hc_branch: self.cuda_hc_branch,
+            branches: self.cuda_branches,
             dp4a_tokens: self.cuda_dp4a_tokens,
             mvt_tokens: self.cuda_mvt_tokens,
             chunk_cmds: self.cuda_chunk,

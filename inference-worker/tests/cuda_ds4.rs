@@ -9,6 +9,10 @@
 //! - production numerics against the float64 NumPy reference's production
 //!   mode within the bounds the CPU backend meets (max 1.25, mean 0.12,
 //!   the argmax wherever the reference's margin exceeds the bound);
+//! - side branches (`DS4_CUDA_BRANCHES`: the shared expert, the KV row and
+//!   the compressors on a second stream) change no bit of any logit, in
+//!   a prefill, token by token decode (graphs captured and replayed) and
+//!   a batch of sequences;
 //! - batching: eight sequences decoded together in one pool give the same
 //!   greedy tokens as each alone, in exact numerics. (In production
 //!   numerics they do not yet on this backend: the quantized matmuls take
@@ -18,7 +22,7 @@
 //!   a dozen steps; measured on an H200, 2026-12-02: prompt 0 diverged at
 //!   step 16. The CPU backend's production numerics are batch-invariant.)
 
-use ds4_kernels::cuda::CudaBackend;
+use ds4_kernels::cuda::{CudaBackend, CudaOptions};
 use ds4_kernels::Numerics;
 use ds4_model::gguf::GgufFile;
 use ds4_model::{Logits, Model, PagedInput, PoolSizes};
@@ -29,7 +33,11 @@ const PROD_TOL: f32 = 1.25;
 const PROD_MEAN_TOL: f64 = 0.12;
 
 fn load(file: &str, numerics: Numerics) -> (Model<CudaBackend>, CudaBackend) {
-    let be = CudaBackend::new(0, numerics).expect("CUDA device 0");
+    load_with(file, CudaOptions::from_env(numerics))
+}
+
+fn load_with(file: &str, opts: CudaOptions) -> (Model<CudaBackend>, CudaBackend) {
+    let be = CudaBackend::with_options(0, opts).expect("CUDA device 0");
     let f = GgufFile::open(&tiny_model(file)).expect("open the miniature model");
     let m = Model::load(&f, &be).expect("the miniature model passes the deepseek4 contract");
     (m, be)
@@ -189,5 +197,63 @@ fn eight_sequences_batched_decode_as_each_alone() {
                 p.len()
             );
         }
+    }
+}
+
+/// The same logits, bit for bit, with the forward pass's side branches on
+/// the second stream and in line: each branch reads only what was written
+/// before it and its outputs are read only after the join, so a missing
+/// wait (or a side op's scratch or upload taken by the main line) shows
+/// as different bits or a garbage logit.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn side_branches_change_no_bits() {
+    for (gguf, fixture) in [
+        ("ds4-tiny.gguf", "ref-prod-600.trim.json"),
+        ("ds4-tiny-b.gguf", "b-ref-prod-600.trim.json"),
+    ] {
+        let r = Reference::load(fixture);
+        let tokens = &r.tokens[..200];
+        let logits = |branches: bool| {
+            let opts = CudaOptions {
+                branches,
+                ..CudaOptions::from_env(Numerics::Production)
+            };
+            let (m, be) = load_with(gguf, opts);
+            let mut out = Vec::new();
+            for chunk in [tokens.len(), 1, 37] {
+                out.push(run(&m, &be, tokens, chunk));
+            }
+            let prompts: Vec<Vec<u32>> = (0..4)
+                .map(|i| r.tokens[i..i + 30 + 40 * i].to_vec())
+                .collect();
+            let greedy = greedy_batched(&m, &be, &prompts, 16);
+            assert_eq!(be.side_branches() > 0, branches, "side branches recorded");
+            (out, greedy)
+        };
+        let (inline, greedy_inline) = logits(false);
+        let (beside, greedy_beside) = logits(true);
+        for ((a, b), what) in inline
+            .iter()
+            .zip(&beside)
+            .zip(["prefill", "decode", "chunks of 37"])
+        {
+            assert_eq!(a.len(), b.len());
+            let diff = a
+                .iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            assert_eq!(
+                diff,
+                0,
+                "{gguf} {what}: {diff} of {} logits differ with side branches",
+                a.len()
+            );
+        }
+        assert_eq!(
+            greedy_inline, greedy_beside,
+            "{gguf}: batched greedy tokens differ with side branches"
+        );
     }
 }

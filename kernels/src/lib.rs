@@ -20,9 +20,9 @@ pub mod quant;
 pub mod vmm;
 
 pub use backend::{
-    AttentionConfig, Backend, BackendError, CompressedAttentionConfig, CompressedPoolConfig,
-    CompressedSeq, CompressorConfig, CompressorKind, DenseLayer, DenseLayerConfig, DeviceBytes,
-    HcConfig, HostBytes, KvDtype, KvPoolConfig, KvSeq, Numerics, RopeConfig, RopeMode, RouteConfig,
-    TailRope, WeightSource,
+    AttentionConfig, Backend, BackendError, Branch, CompressedAttentionConfig,
+    CompressedPoolConfig, CompressedSeq, CompressorConfig, CompressorKind, DenseLayer,
+    DenseLayerConfig, DeviceBytes, HcConfig, HostBytes, KvDtype, KvPoolConfig, KvSeq, Numerics,
+    RopeConfig, RopeMode, RouteConfig, TailRope, WeightSource,
 };
 pub use cpu::CpuBackend;

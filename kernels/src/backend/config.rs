@@ -16,6 +16,23 @@ pub enum Numerics {
     Exact,
 }
 
+/// Where the ops recorded next run ([`crate::Backend::branch`]): a
+/// forward pass marks ops that do not depend on each other, and a backend
+/// that can overlap them (the CUDA backend's second stream) does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Branch {
+    /// The ops up to the next [`Branch::Main`] form a side branch: they
+    /// may run beside the ops recorded after it until [`Branch::Join`].
+    /// They read only what was written before this mark and write only
+    /// tensors (and pool state) that nothing reads or overwrites before
+    /// the join.
+    Beside,
+    /// The ops after this mark are the main line again.
+    Main,
+    /// The ops after this mark see everything the side branch wrote.
+    Join,
+}
+
 /// Rotary position embedding variants.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RopeMode {

@@ -70,6 +70,13 @@ pub trait Backend: Send + Sync + 'static {
         f()
     }
 
+    /// Marks where the ops recorded next run (see [`Branch`]): a hint
+    /// that never changes results. Backends that run ops one after the
+    /// other ignore it.
+    fn branch(&self, at: Branch) {
+        let _ = at;
+    }
+
     /// Bind a weight (may keep a reference to the host bytes, or upload them).
     fn bind_weight(&self, src: WeightSource) -> Result<Self::Weight, BackendError>;
 

@@ -332,11 +332,7 @@ fn sinkhorn_beside(
 /// Records the join of the side stream where a fork is open (before an
 /// op that reads what the side computed).
 fn join_side(be: &CudaBackend) {
-    let mut st = be.lock();
-    if st.fork_open {
-        st.push(super::queue::Cmd::Join);
-        st.fork_open = false;
-    }
+    be.lock().join();
 }
 
 /// Three kernels: hc_norm (one block per row: bound by reading the row;

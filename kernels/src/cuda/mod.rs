@@ -70,9 +70,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 
 use crate::backend::{
-    AttentionConfig, Backend, BackendError, CompressedAttentionConfig, CompressedPoolConfig,
-    CompressedSeq, CompressorConfig, DenseLayer, DenseLayerConfig, HcConfig, KvDtype, KvPoolConfig,
-    KvSeq, Numerics, RopeConfig, RouteConfig, TailRope, WeightSource,
+    AttentionConfig, Backend, BackendError, Branch, CompressedAttentionConfig,
+    CompressedPoolConfig, CompressedSeq, CompressorConfig, DenseLayer, DenseLayerConfig, HcConfig,
+    KvDtype, KvPoolConfig, KvSeq, Numerics, RopeConfig, RouteConfig, TailRope, WeightSource,
 };
 use crate::quant::GgmlType;
 
@@ -271,6 +271,8 @@ pub struct CudaBackend {
     hc_fuse: bool,
     /// [`CudaOptions::hc_branch`] (the side stream is in the state).
     hc_branch: bool,
+    /// [`CudaOptions::branches`] (the side stream is in the state).
+    branches: bool,
     /// [`CudaOptions::timing`].
     timing: bool,
     /// Whether the fused layer's cluster fits the device, by its shared
@@ -362,7 +364,7 @@ impl CudaBackend {
         }
         let mut state = queue::State::new(opts.graphs);
         state.pdl = arch >= 90 && opts.pdl;
-        if opts.hc_branch {
+        if opts.hc_branch || opts.branches {
             state.side = Some(queue::Side::new(&ctx)?);
         }
         if state.pdl && opts.zero_kernel {
@@ -415,6 +417,7 @@ impl CudaBackend {
             grouped_mv: opts.grouped_mv,
             hc_fuse: opts.hc_fuse,
             hc_branch: opts.hc_branch,
+            branches: opts.branches,
             cluster_fit: Mutex::new(HashMap::new()),
             tail_ropes: hyper::TailRopes::default(),
         })
@@ -594,6 +597,12 @@ impl CudaBackend {
         (st.fused_hc_adds, st.fused_hc_norms)
     }
 
+    /// How many side branches ([`Branch::Beside`]) were recorded for the
+    /// side stream.
+    pub fn side_branches(&self) -> u64 {
+        self.lock().side_branches
+    }
+
     /// Where the host's time went (recording, issuing, waiting).
     pub fn host_timing(&self) -> HostTiming {
         self.lock().timing
@@ -631,7 +640,8 @@ impl CudaBackend {
     /// so that the quantization fusion still finds its producer.
     fn issue_chunk(&self) -> Result<(), BackendError> {
         let mut st = self.lock();
-        if self.chunk > 0 && st.pending() >= self.chunk {
+        // Not inside a side branch (the list's end would join it).
+        if self.chunk > 0 && st.pending() >= self.chunk && !st.in_side && !st.branch_open {
             st.flush(&self.stream)?;
         }
         Ok(())
@@ -818,7 +828,7 @@ impl CudaBackend {
         st.reset_scratch(&self.stream)?;
         sizes
             .iter()
-            .map(|&n| st.scratch.alloc(&self.stream, n))
+            .map(|&n| st.scratch_region().alloc(&self.stream, n))
             .collect()
     }
 
@@ -834,7 +844,11 @@ impl CudaBackend {
             return Ok(p);
         }
         let p = st.upload(&self.stream, &key)?;
-        st.uploads.insert(key, p);
+        // A side branch's copy runs on the side stream: the main line
+        // must not take it for its own (it could run first).
+        if !st.in_side {
+            st.uploads.insert(key, p);
+        }
         Ok(p)
     }
 
@@ -959,6 +973,12 @@ impl Backend for CudaBackend {
 
     fn numerics(&self) -> Numerics {
         self.numerics
+    }
+
+    fn branch(&self, at: Branch) {
+        if self.branches {
+            self.lock().branch(at);
+        }
     }
 
     fn device_resident(&self) -> bool {

@@ -50,6 +50,11 @@ pub struct CudaOptions {
     /// (a second graph branch) beside the sublayer, which needs it only
     /// at its post (`DS4_CUDA_HC_BRANCH=0`: in the collapse's kernel).
     pub hc_branch: bool,
+    /// The side branches a forward pass marks ([`crate::Branch`]: DeepSeek
+    /// V4's shared expert beside the routed ones, the KV row and the
+    /// compressors beside the query path) run on the second stream
+    /// (`DS4_CUDA_BRANCHES=1`; off: in line, in recording order).
+    pub branches: bool,
     /// Quantized batches of at most this many tokens run the dp4a kernel
     /// rather than the tensor cores (`DS4_CUDA_DP4A_TOKENS`).
     pub dp4a_tokens: usize,
@@ -89,6 +94,8 @@ impl CudaOptions {
         grouped_mv: true,
         hc_fuse: true,
         hc_branch: true,
+        // Off until measured on a GPU (bench/NOTES.md).
+        branches: false,
         dp4a_tokens: DP4A_TOKENS,
         mvt_tokens: MVT_TOKENS,
         chunk_cmds: CHUNK_CMDS,
@@ -112,6 +119,7 @@ impl CudaOptions {
             grouped_mv: env_bool("DS4_CUDA_GROUPED_MV", d.grouped_mv),
             hc_fuse: env_bool("DS4_CUDA_HC_FUSE", d.hc_fuse),
             hc_branch: env_bool("DS4_CUDA_HC_BRANCH", d.hc_branch),
+            branches: env_bool("DS4_CUDA_BRANCHES", d.branches),
             dp4a_tokens: env_usize("DS4_CUDA_DP4A_TOKENS", d.dp4a_tokens),
             mvt_tokens: env_usize("DS4_CUDA_MVT_TOKENS", d.mvt_tokens),
             chunk_cmds: env_usize("DS4_CUDA_CHUNK", d.chunk_cmds),

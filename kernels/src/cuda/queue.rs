@@ -24,7 +24,7 @@ use cudarc::driver::{result, sys, CudaGraph, CudaStream};
 
 use super::arena::{ReadBack, Region, Staging};
 use super::dev_err;
-use crate::backend::BackendError;
+use crate::backend::{BackendError, Branch};
 
 /// Most kernel arguments of any kernel in `kernels/cuda`.
 pub const MAX_ARGS: usize = 26;
@@ -99,7 +99,8 @@ pub enum Cmd {
         bytes: usize,
     },
     /// The commands after this one run on the side stream, after what
-    /// the main stream has so far (a second branch of the graph).
+    /// the main stream has so far (a second branch of the graph), and,
+    /// where a fork is still open, after the side stream's commands.
     Fork,
     /// The commands after this one run on the main stream again, beside
     /// the side stream's.
@@ -223,6 +224,8 @@ pub struct State {
     pub tensors: Region,
     /// Scratch of one op; reset at the start of every op.
     pub scratch: Region,
+    /// Per-op scratch of the ops of a side branch.
+    pub side_scratch: Region,
     pub staging: Staging,
     /// Where read-backs land before they are copied out.
     pub readback: ReadBack,
@@ -246,6 +249,13 @@ pub struct State {
     pub side: Option<Side>,
     /// A [`Cmd::Fork`] recorded and not joined yet.
     pub fork_open: bool,
+    /// Recording a forward pass's side branch ([`Branch::Beside`] up to
+    /// [`Branch::Main`]): its ops take their scratch from `side_scratch`,
+    /// as they may run while the main line's ops reuse `scratch`.
+    pub in_side: bool,
+    /// A side branch recorded and not joined yet: chunks are not issued
+    /// (the end of a list joins the side stream).
+    pub branch_open: bool,
     tick: u64,
     pub stats: GraphStats,
     pub timing: HostTiming,
@@ -262,6 +272,8 @@ pub struct State {
     /// launches replaced by the hc_post before (see hyper.rs).
     pub fused_hc_adds: u64,
     pub fused_hc_norms: u64,
+    /// Side branches recorded ([`Branch::Beside`]).
+    pub side_branches: u64,
     /// Set when kernels are timed one by one (see [`super::profile`]).
     pub profile: Option<super::profile::Profile>,
     /// The kernel names a profile reports under (filled when the modules
@@ -280,6 +292,7 @@ impl State {
             hash_before: Vec::new(),
             tensors: Region::new("tensor arena", 16 << 20),
             scratch: Region::new("op scratch", 4 << 20),
+            side_scratch: Region::new("side-branch op scratch", 4 << 20),
             staging: Staging::default(),
             readback: ReadBack::default(),
             uploads: HashMap::new(),
@@ -290,6 +303,8 @@ impl State {
             zero_func: 0,
             side: None,
             fork_open: false,
+            in_side: false,
+            branch_open: false,
             tick: 0,
             stats: GraphStats::default(),
             timing: HostTiming::default(),
@@ -298,6 +313,7 @@ impl State {
             fused_rope_stores: 0,
             dropped_memsets: 0,
             fused_hc_adds: 0,
+            side_branches: 0,
             fused_hc_norms: 0,
             profile: None,
             profile_names: Default::default(),
@@ -485,12 +501,57 @@ impl State {
         self.tensors.reset(stream)
     }
 
+    /// The scratch region of the op being recorded: a side branch's own
+    /// while one is recorded.
+    pub fn scratch_region(&mut self) -> &mut Region {
+        if self.in_side {
+            &mut self.side_scratch
+        } else {
+            &mut self.scratch
+        }
+    }
+
     /// Resets the scratch region (a new op starts).
     pub fn reset_scratch(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
-        if self.scratch.needs_fold() {
+        if self.scratch_region().needs_fold() {
             self.flush(stream)?;
         }
-        self.scratch.reset(stream)
+        self.scratch_region().reset(stream)
+    }
+
+    /// Records a forward pass's branch mark (see [`Branch`]): a side
+    /// branch is a [`Cmd::Fork`] .. [`Cmd::Back`] run, joined at
+    /// [`Branch::Join`] (or by the next join: the hyper-connection
+    /// pre's, or the end of the list). Marks out of place are ignored.
+    pub fn branch(&mut self, at: Branch) {
+        match at {
+            Branch::Beside if !self.in_side => {
+                self.push(Cmd::Fork);
+                self.in_side = true;
+                self.side_branches += 1;
+            }
+            Branch::Main if self.in_side => {
+                self.push(Cmd::Back);
+                self.in_side = false;
+                self.fork_open = true;
+                self.branch_open = true;
+            }
+            Branch::Join => {
+                self.branch(Branch::Main);
+                self.join();
+            }
+            _ => {}
+        }
+    }
+
+    /// Records the join of the side stream where a fork is open (before an
+    /// op that reads what the side computed).
+    pub fn join(&mut self) {
+        if self.fork_open {
+            self.push(Cmd::Join);
+            self.fork_open = false;
+        }
+        self.branch_open = false;
     }
 
     /// Waits for the stream (everything issued) and counts the wait.
@@ -534,6 +595,7 @@ impl State {
         self.hash = 0;
         // issue joined a fork still open at the end of the list.
         self.fork_open = false;
+        self.branch_open = false;
         // Frees are stream-ordered: after the commands just issued.
         self.graveyard.clear();
         r
@@ -736,7 +798,8 @@ pub fn issue(stream: &CudaStream, cmds: &[Cmd], how: IssueWith<'_>) -> Result<()
         i += 1;
         match (c, side) {
             (Cmd::Fork, Some(sd)) => {
-                join(&mut open)?;
+                // A fork while one is open continues the side stream (its
+                // commands stay in order there) after the main stream's.
                 // SAFETY: live handles of this context (Side::new).
                 unsafe { order(sd.fork, main, sd.stream, "forking the side stream")? };
                 (s, open) = (sd.stream, true);

@@ -20,8 +20,8 @@
 //! ```
 
 use ds4_kernels::{
-    Backend, CompressedAttentionConfig, CompressedSeq, CompressorConfig, CompressorKind, HcConfig,
-    RouteConfig, TailRope,
+    Backend, Branch, CompressedAttentionConfig, CompressedSeq, CompressorConfig, CompressorKind,
+    HcConfig, RouteConfig, TailRope,
 };
 
 use super::hparams::{Ds4HParams, N_HC};
@@ -158,12 +158,10 @@ impl<B: Backend> Ctx<'_, B> {
             be.rms_norm(&x, &lw.attn_norm, h.rms_eps, &mut a);
             let (mut q_lat, mut kv) = (be.tensor(n, h.q_lora), be.tensor(n, hd));
             be.matmul_many(&[&lw.q_a, &lw.kv], None, &a, &mut [&mut q_lat, &mut kv])?;
-            let mut qhat = be.tensor(n, h.q_lora);
-            be.rms_norm(&q_lat, &lw.q_a_norm, h.rms_eps, &mut qhat);
-            let mut q = be.tensor(n, qw);
-            be.matmul(&lw.q_b, &qhat, &mut q)?;
-            be.rms_norm_heads(&mut q, hd, h.rms_eps);
-            be.rope_tail(&mut q, &rows.positions, hd, rope, false);
+            // The KV row and the compressors beside the query path: they
+            // write the pool, which only the indexer's selection and
+            // attention read, after the join.
+            be.branch(Branch::Beside);
             let mut raw = be.tensor(n, hd);
             be.rms_norm(&kv, &lw.kv_norm, h.rms_eps, &mut raw);
             be.rope_tail(&mut raw, &rows.positions, hd, rope, false);
@@ -178,11 +176,20 @@ impl<B: Backend> Ctx<'_, B> {
                 let kind = CompressorKind::Attention;
                 self.compress(pool, l, &rows, cw, &a, width, kind, r, round)?;
             }
-            let selected = match &lw.indexer {
+            if let Some(iw) = &lw.indexer {
+                let (width, round) = (2 * h.idx_dim, self.num.fp4_indexer);
+                let kind = CompressorKind::Indexer;
+                self.compress(pool, l, &rows, &iw.compressor, &a, width, kind, 4, round)?;
+            }
+            be.branch(Branch::Main);
+            let mut qhat = be.tensor(n, h.q_lora);
+            be.rms_norm(&q_lat, &lw.q_a_norm, h.rms_eps, &mut qhat);
+            let mut q = be.tensor(n, qw);
+            be.matmul(&lw.q_b, &qhat, &mut q)?;
+            be.rms_norm_heads(&mut q, hd, h.rms_eps);
+            be.rope_tail(&mut q, &rows.positions, hd, rope, false);
+            let indexer_q = match &lw.indexer {
                 Some(iw) => {
-                    let (width, round) = (2 * h.idx_dim, self.num.fp4_indexer);
-                    let kind = CompressorKind::Indexer;
-                    self.compress(pool, l, &rows, &iw.compressor, &a, width, kind, 4, round)?;
                     let mut qi = be.tensor(n, h.idx_heads * h.idx_dim);
                     be.matmul(&iw.q_b, &qhat, &mut qi)?;
                     let mut wi = be.tensor(n, h.idx_heads);
@@ -192,8 +199,15 @@ impl<B: Backend> Ctx<'_, B> {
                         be.round_indexer(&mut qi, h.idx_dim);
                     }
                     be.scale(&mut wi, 1.0 / ((h.idx_heads * h.idx_dim) as f32).sqrt());
+                    Some((qi, wi))
+                }
+                None => None,
+            };
+            be.branch(Branch::Join);
+            let selected = match &indexer_q {
+                Some((qi, wi)) => {
                     let mut sel = be.tensor(n, h.idx_top_k);
-                    be.indexer_select(pool, l, &rows.seqs, &qi, &wi, h.idx_top_k, &mut sel)?;
+                    be.indexer_select(pool, l, &rows.seqs, qi, wi, h.idx_top_k, &mut sel)?;
                     Some(sel)
                 }
                 None => None,
@@ -226,6 +240,17 @@ impl<B: Backend> Ctx<'_, B> {
             self.hc_pre(&lw.hc_ffn, &xs, &mut x, &mut split)?;
             let mut f = be.tensor(n, d);
             be.rms_norm(&x, &lw.ffn_norm, h.rms_eps, &mut f);
+            // The shared expert beside the routed ones (their sum is the
+            // first use of its output).
+            be.branch(Branch::Beside);
+            let (mut g, mut up) = (be.tensor(n, h.n_ff), be.tensor(n, h.n_ff));
+            let sh = &lw.shared;
+            be.matmul_many(&[&sh.gate, &sh.up], None, &f, &mut [&mut g, &mut up])?;
+            let mut m = be.tensor(n, h.n_ff);
+            be.swiglu_clamped(&g, &up, h.clamp_shared[l], &mut m);
+            let mut shared = be.tensor(n, d);
+            be.matmul(&sh.down, &m, &mut shared)?;
+            be.branch(Branch::Main);
             let mut logits = be.tensor(n, h.n_expert);
             be.matmul(&lw.router, &f, &mut logits)?;
             let k = h.n_expert_used;
@@ -248,13 +273,7 @@ impl<B: Backend> Ctx<'_, B> {
             be.moe_experts(
                 &ex.gate, &ex.up, &ex.down, h.n_expert, &f, &ids, &wts, h.clamp[l], &mut y,
             )?;
-            let (mut g, mut up) = (be.tensor(n, h.n_ff), be.tensor(n, h.n_ff));
-            let sh = &lw.shared;
-            be.matmul_many(&[&sh.gate, &sh.up], None, &f, &mut [&mut g, &mut up])?;
-            let mut m = be.tensor(n, h.n_ff);
-            be.swiglu_clamped(&g, &up, h.clamp_shared[l], &mut m);
-            let mut shared = be.tensor(n, d);
-            be.matmul(&sh.down, &m, &mut shared)?;
+            be.branch(Branch::Join);
             be.add_assign(&mut y, &shared);
             be.hc_post(&mut xs, &y, &split, &hc);
         }
