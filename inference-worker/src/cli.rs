@@ -99,7 +99,7 @@ pub struct CudaArgs {
     /// The side branches of a forward pass (DeepSeek V4: the shared
     /// expert beside the routed ones, the KV row and compressors beside
     /// the query path) run on a second stream (off: in line).
-    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_BRANCHES", value_name = "on|off", default_value = "off",
+    #[arg(long, help_heading = CUDA_HEADING, env = "DS4_CUDA_BRANCHES", value_name = "on|off", default_value = "on",
           value_parser = BoolishValueParser::new(), action = ArgAction::Set,
           hide_possible_values = true)]
     pub cuda_branches: bool,
