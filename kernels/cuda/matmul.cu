@@ -634,18 +634,12 @@ __device__ __forceinline__ void mm_f(const u8* W, u64 row_bytes, const float* x,
 // groups l, l + 32, ... of its row with one 16-byte load each (a warp
 // reads 512 consecutive bytes), each group's dot in a fixed order and the
 // lane's groups in order, whatever NT: mmf1 and mmf8 give the same bits.
-// Rows 16-byte aligned (n_in % 8 == 0; bound F16 rows are). ROUND: x is
-// rounded to f16 as it is read (the production numerics' F16 input, as
-// round_f16 would leave it, without its launch). The weight rows of a
-// small matrix are prefetched into L2 before the wait for the kernel
-// before.
-template <int NT, bool ROUND>
+// Rows 16-byte aligned (n_in % 8 == 0; bound F16 rows are).
+template <int NT>
 __device__ __forceinline__ void mm_f16(const u8* W, u64 row_bytes, const float* x, float* out, int n_out,
                                        int n_in, int n_tok) {
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int row = blockIdx.x * MM_WARPS + warp;
-    if (row < n_out) prefetch_l2(W + (u64)row * row_bytes, row_bytes, (u64)n_out * row_bytes, lane, WARP);
-    pdl_wait();
     if (row >= n_out) return;
     int t0 = blockIdx.y * NT;
     const uint4* wr = (const uint4*)(W + (u64)row * row_bytes);
@@ -663,10 +657,6 @@ __device__ __forceinline__ void mm_f16(const u8* W, u64 row_bytes, const float* 
             if (tok < n_tok) {
                 const float4* xp = (const float4*)(x + (u64)tok * n_in + 8 * (u64)j);
                 float4 v0 = xp[0], v1 = xp[1];
-                if (ROUND) {
-                    v0 = make_float4(h2f(f2h(v0.x)), h2f(f2h(v0.y)), h2f(f2h(v0.z)), h2f(f2h(v0.w)));
-                    v1 = make_float4(h2f(f2h(v1.x)), h2f(f2h(v1.y)), h2f(f2h(v1.z)), h2f(f2h(v1.w)));
-                }
                 float s = w[0] * v0.x + w[1] * v0.y + w[2] * v0.z + w[3] * v0.w + w[4] * v1.x + w[5] * v1.y +
                           w[6] * v1.z + w[7] * v1.w;
                 acc[t] += s;
@@ -860,20 +850,13 @@ MM_F(f32, TF32)
 MM_F(f16u, TF16)
 extern "C" __global__ void __launch_bounds__(128) mmf1_f16(const u8* W, u64 rb, const float* x, float* out,
                                                           int n_out, int n_in, int n_tok) {
-    mm_f16<1, false>(W, rb, x, out, n_out, n_in, n_tok);
+    pdl_wait();
+    mm_f16<1>(W, rb, x, out, n_out, n_in, n_tok);
 }
 extern "C" __global__ void __launch_bounds__(128) mmf8_f16(const u8* W, u64 rb, const float* x, float* out,
                                                           int n_out, int n_in, int n_tok) {
-    mm_f16<8, false>(W, rb, x, out, n_out, n_in, n_tok);
-}
-// The same with x rounded to f16 as it is read (production numerics).
-extern "C" __global__ void __launch_bounds__(128) mmf1_f16r(const u8* W, u64 rb, const float* x, float* out,
-                                                           int n_out, int n_in, int n_tok) {
-    mm_f16<1, true>(W, rb, x, out, n_out, n_in, n_tok);
-}
-extern "C" __global__ void __launch_bounds__(128) mmf8_f16r(const u8* W, u64 rb, const float* x, float* out,
-                                                           int n_out, int n_in, int n_tok) {
-    mm_f16<8, true>(W, rb, x, out, n_out, n_in, n_tok);
+    pdl_wait();
+    mm_f16<8>(W, rb, x, out, n_out, n_in, n_tok);
 }
 MM_F(q4_0, TQ4_0)
 MM_F(q4_1, TQ4_1)

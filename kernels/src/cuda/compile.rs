@@ -178,8 +178,6 @@ pub const SOURCES: &[KernelSource] = &[
             "mmf8_f32",
             "mmf1_f16",
             "mmf8_f16",
-            "mmf1_f16r",
-            "mmf8_f16r",
             "mmf1_f16u",
             "mmf8_f16u",
             "mmf1_q4_0",

@@ -132,8 +132,7 @@ pub fn matmul_many(
     }
     // Activation formats the production integer path needs, each
     // quantized once into this op's scratch; F16 weights read the input
-    // rounded to f16 (as ggml does): as they read it where their kernel
-    // can (aligned rows and input), else from a rounded copy made once.
+    // rounded to f16 (as ggml does), also made once.
     let mut acts: Vec<(GgmlType, Act)> = Vec::new();
     let mut f16_x = x.ptr;
     if be.numerics == Numerics::Production {
@@ -149,9 +148,7 @@ pub fn matmul_many(
             });
         let n = x.rows * x.cols;
         let mut sizes: Vec<usize> = formats.iter().flat_map(|&a| act_sizes(a, n)).collect();
-        let round = ws
-            .iter()
-            .any(|w| w.ggml_type == GgmlType::F16 && !f16_aligned(be, w, x.ptr));
+        let round = ws.iter().any(|w| w.ggml_type == GgmlType::F16);
         if round {
             sizes.push(4 * n);
         }
@@ -196,14 +193,9 @@ pub fn matmul_many(
                 match act {
                     Some(act) => launch_quantized(be, w, x.rows, act, out)?,
                     None if w.ggml_type == GgmlType::F16 => {
-                        let production = be.numerics == Numerics::Production;
-                        if production && f16_aligned(be, w, x.ptr) {
-                            launch_float(be, w, x.ptr, x.rows, out, true)?
-                        } else {
-                            launch_float(be, w, f16_x, x.rows, out, false)?
-                        }
+                        launch_float(be, w, f16_x, x.rows, out)?
                     }
-                    None => launch_float(be, w, x.ptr, x.rows, out, false)?,
+                    None => launch_float(be, w, x.ptr, x.rows, out)?,
                 }
                 if let Some(b) = biases.map(|b| b[i]) {
                     super::elementwise::add_bias(be, out, b)?;
@@ -515,21 +507,12 @@ fn launch_quantized(
 
 /// Float dots (exact numerics, F32 and F16 weights) against `n_tok` rows
 /// of f32 at `xp`.
-/// Whether F16 weight `w` and input `xp` take the 16-byte-load kernels
-/// (`mmf*_f16`, which can also round the input as they read it).
-fn f16_aligned(be: &CudaBackend, w: &CudaWeight, xp: u64) -> bool {
-    be.weight_ptr(w).is_multiple_of(16) && w.row_bytes.is_multiple_of(16) && xp.is_multiple_of(16)
-}
-
-/// `round16`: an F16 weight whose kernel rounds the input to f16 as it
-/// reads it (aligned: [`f16_aligned`]).
 fn launch_float(
     be: &CudaBackend,
     w: &CudaWeight,
     xp: u64,
     n_tok: usize,
     out: &mut CudaTensor,
-    round16: bool,
 ) -> Result<(), BackendError> {
     let (n_in, n_out) = (w.cols, w.rows);
     let nt = if n_tok == 1 { 1 } else { 8 };
@@ -542,15 +525,11 @@ fn launch_float(
     // F16 rows are read 16 bytes at a time where they are aligned so
     // (16-byte rows: n_in % 8 == 0).
     let suffix = match kernel_suffix(w.ggml_type).expect("bound weights have a CUDA type") {
-        "f16" if !f16_aligned(be, w, xp) => "f16u",
-        "f16" if round16 => "f16r",
+        "f16" if !(wp.is_multiple_of(16) && rb.is_multiple_of(16) && xp.is_multiple_of(16)) => {
+            "f16u"
+        }
         s => s,
     };
-    debug_assert!(
-        !round16 || suffix == "f16r",
-        "rounding F16 kernel for {}",
-        w.name
-    );
     let (n_out_i, n_in_i, n_tok_i) = (n_out as i32, n_in as i32, n_tok as i32);
     let name = format!("mmf{nt}_{suffix}");
     launch!(be, name.as_str(), grid, 128; &wp, &rb, &xp, &op, &n_out_i, &n_in_i, &n_tok_i)
